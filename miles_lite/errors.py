@@ -1,0 +1,204 @@
+"""Every exception miles_lite raises, in one tree.
+
+::
+
+    MilesLiteError
+    ├── ConfigError (also ValueError)        bad configuration value
+    ├── ClosedResourceError                  use of a pool/client/arena after aclose()
+    ├── EngineError                          talking to an inference engine
+    │   ├── EngineUnavailableError           connection refused/reset (retryable)
+    │   ├── EngineTimeoutError               no answer in time (retryable)
+    │   ├── EngineStatusError                non-2xx answer (retryable on 502/503/504)
+    │   └── EngineProtocolError              answer not in the wire format (truncated, ...)
+    │       └── BodyTooLargeError            body over the configured limit: refused
+    ├── CodecError                           a body that does not decode
+    ├── ArenaError                           shared-memory arena misuse or exhaustion
+    ├── WorkerError                          a pool worker failed
+    │   ├── WorkerCrashedError               the worker process died
+    │   └── WorkerTaskError                  the function raised; carries the remote traceback
+    └── RewardError                          a reward function failed
+
+Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
+them in their message. ``retryable`` is a class attribute the retry policy reads; an
+instance may override it (``EngineStatusError`` does, from its status code).
+Cancellation is never caught, wrapped or logged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArenaError",
+    "BodyTooLargeError",
+    "ClosedResourceError",
+    "CodecError",
+    "ConfigError",
+    "EngineError",
+    "EngineProtocolError",
+    "EngineStatusError",
+    "EngineTimeoutError",
+    "EngineUnavailableError",
+    "MilesLiteError",
+    "RewardError",
+    "WorkerCrashedError",
+    "WorkerError",
+    "WorkerTaskError",
+]
+
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+
+
+def _where(url: str | None, request_id: str | None) -> str:
+    parts = []
+    if url:
+        parts.append(f"engine {url}")
+    if request_id:
+        parts.append(f"request {request_id}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+class MilesLiteError(Exception):
+    """Base of every error raised by miles_lite.
+
+    ``url`` and ``request_id`` say where it happened, when known.
+    """
+
+    retryable: bool = False
+
+    def __init__(
+        self, message: str, *, url: str | None = None, request_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.url = url
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return self.message + _where(self.url, self.request_id)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Keyword-only fields must survive the trip back from a pool worker.
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+    def with_context(self, *, url: str | None = None, request_id: str | None = None) -> MilesLiteError:
+        """Fill in ``url``/``request_id`` where they are still unknown; returns self."""
+        if self.url is None:
+            self.url = url
+        if self.request_id is None:
+            self.request_id = request_id
+        return self
+
+
+def _rebuild(cls: type[MilesLiteError], message: str, state: dict[str, object]) -> MilesLiteError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class ConfigError(MilesLiteError, ValueError):
+    """Raised when a configuration value is invalid; the message names the field.
+
+    Usage: ``RolloutConfig(microgroup_size=0)`` raises ``ConfigError``.
+    """
+
+
+class ClosedResourceError(MilesLiteError):
+    """Raised when a pool, client or arena is used after ``aclose()``."""
+
+
+class EngineError(MilesLiteError):
+    """Raised when an exchange with an inference engine fails."""
+
+
+class EngineUnavailableError(EngineError):
+    """Raised when the engine cannot be reached (refused, reset, DNS): retryable."""
+
+    retryable = True
+
+
+class EngineTimeoutError(EngineError):
+    """Raised when the engine does not answer within the configured timeout: retryable."""
+
+    retryable = True
+
+
+class EngineStatusError(EngineError):
+    """Raised when the engine answers with a non-2xx status.
+
+    ``status`` is the HTTP status, ``body_excerpt`` the start of the answer. Retryable
+    only for 502, 503 and 504.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        body_excerpt: str = "",
+        url: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message, url=url, request_id=request_id)
+        self.status = status
+        self.body_excerpt = body_excerpt
+        self.retryable = status in RETRYABLE_STATUSES
+
+
+class EngineProtocolError(EngineError):
+    """Raised when an answer breaks the wire format (truncated body, wrong content type)."""
+
+
+class BodyTooLargeError(EngineProtocolError):
+    """Raised when a response body exceeds the configured limit; it is refused unread."""
+
+
+class CodecError(MilesLiteError):
+    """Raised when a body does not decode; ``path`` names the field, ``offset`` the byte."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str = "",
+        offset: int | None = None,
+        url: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        if path:
+            message = f"{message} at {path}"
+        if offset is not None:
+            message = f"{message} (byte {offset})"
+        super().__init__(message, url=url, request_id=request_id)
+        self.path = path
+        self.offset = offset
+
+
+class ArenaError(MilesLiteError):
+    """Raised when the shared-memory arena cannot serve an allocation (too large, closed)."""
+
+
+class WorkerError(MilesLiteError):
+    """Raised when a pool worker fails."""
+
+
+class WorkerCrashedError(WorkerError):
+    """Raised when a worker process dies while running a call; the worker is replaced."""
+
+
+class WorkerTaskError(WorkerError):
+    """Raised when a function raised inside a worker; ``remote_traceback`` holds its trace."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        remote_traceback: str = "",
+        url: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message, url=url, request_id=request_id)
+        self.remote_traceback = remote_traceback
+
+
+class RewardError(MilesLiteError):
+    """Raised when a reward function fails or returns the wrong number of scores."""

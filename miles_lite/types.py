@@ -1,0 +1,106 @@
+"""Samples and their parts, named as in miles so that code written for miles reads naturally."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from miles_lite.errors import MilesLiteError
+
+__all__ = ["DiTTrajectory", "Sample", "SampleStatus"]
+
+
+class SampleStatus(str, enum.Enum):
+    """Where a sample stands: the names of miles' ``Sample.Status``."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class DiTTrajectory:
+    """The denoising path of one diffusion sample.
+
+    ``latents`` is ``[T+1, ...]`` (the final state included), ``timesteps`` ``[T]``,
+    ``sigmas`` ``[T+1]`` (absent from engines that speak the older JSON form).
+    """
+
+    latents: torch.Tensor | None = None
+    timesteps: torch.Tensor | None = None
+    sigmas: torch.Tensor | None = None
+
+
+@dataclass(kw_only=True)
+class Sample:
+    """One rollout sample: a prompt, what the engine made of it, and its reward.
+
+    Text fields (``tokens``, ``response_length``, ``loss_mask``, ...) and diffusion fields
+    (``generated_output``, ``dit_trajectory``, ...) live side by side, as in miles. Diffusion
+    tensors may view shared memory owned by a parser pool's arena: they stay valid as long
+    as they are referenced; call :meth:`detach_tensors` to copy them out and free the arena
+    space at once.
+    """
+
+    index: int = 0
+    group_index: int = 0
+    prompt: str | list[dict[str, Any]] = ""
+    label: Any = None
+    status: SampleStatus = SampleStatus.PENDING
+    reward: float | dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    #: The typed error that made this sample FAILED, else None.
+    error: MilesLiteError | None = None
+
+    # text
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    loss_mask: list[int] | None = None
+    rollout_log_probs: list[float] | torch.Tensor | None = None
+    weight_versions: list[str] = field(default_factory=list)
+
+    # diffusion
+    seed: int | None = None
+    request_id: str | None = None
+    generated_output: torch.Tensor | None = None
+    rollout_debug_tensors: dict[str, Any] | None = None
+    denoising_env: dict[str, Any] | None = None
+    dit_trajectory: DiTTrajectory | None = None
+    inference_time_s: float | None = None
+    peak_memory_mb: float | None = None
+
+    def fail(self, error: MilesLiteError) -> None:
+        """Mark this sample FAILED because of ``error`` (kept in ``self.error``)."""
+        self.status = SampleStatus.FAILED
+        self.error = error
+
+    def detach_tensors(self) -> None:
+        """Replace every diffusion tensor by a private copy, releasing shared memory."""
+        self.generated_output = _clone(self.generated_output)
+        self.rollout_log_probs = _clone(self.rollout_log_probs)
+        self.rollout_debug_tensors = _clone(self.rollout_debug_tensors)
+        self.denoising_env = _clone(self.denoising_env)
+        if self.dit_trajectory is not None:
+            t = self.dit_trajectory
+            self.dit_trajectory = DiTTrajectory(
+                latents=_clone(t.latents), timesteps=_clone(t.timesteps), sigmas=_clone(t.sigmas)
+            )
+
+
+def _clone(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clone(v) for v in value]
+    return value

@@ -1,0 +1,71 @@
+"""Shared fixtures: the anyio backend, and a guard that fails any test blocking the loop."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+#: A callback or task step on the event loop that runs longer than this fails the test.
+#: Generous for a shared 2-core machine; real stalls we guard against are 100x bigger.
+LOOP_BLOCK_LIMIT_S = 0.25
+
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "sglang" / "captures"
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, object]]:
+    return ("asyncio", {"debug": True})
+
+
+class _SlowCallbacks(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if re.search(r"took [0-9.]+ seconds", msg):
+            self.records.append(msg)
+
+
+@pytest.fixture(autouse=True)
+def fail_on_blocked_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if any event-loop step ran longer than LOOP_BLOCK_LIMIT_S.
+
+    asyncio's debug mode (enabled by ``anyio_backend``) logs every slow step; we set the
+    threshold when the loop starts and turn the log lines into a failure.
+    """
+    if "anyio_backend" not in request.fixturenames:
+        yield
+        return
+    import asyncio
+
+    handler = _SlowCallbacks()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    original = asyncio.BaseEventLoop.run_forever
+
+    def run_forever(self: asyncio.BaseEventLoop) -> None:
+        self.slow_callback_duration = LOOP_BLOCK_LIMIT_S
+        original(self)
+
+    asyncio.BaseEventLoop.run_forever = run_forever  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        asyncio.BaseEventLoop.run_forever = original  # type: ignore[method-assign]
+        logger.removeHandler(handler)
+    if handler.records:
+        pytest.fail("the event loop was blocked:\n" + "\n".join(handler.records[:5]))
+
+
+@pytest.fixture
+def captures() -> Path:
+    """The folder of real SGLang captures (../shared/sglang/captures)."""
+    if not CAPTURES.is_dir():
+        pytest.fail(f"captures not found at {CAPTURES}")
+    return CAPTURES
