@@ -79,7 +79,9 @@ class MilesLiteError(Exception):
         # Keyword-only fields must survive the trip back from a pool worker.
         return (_rebuild, (type(self), self.message, dict(self.__dict__)))
 
-    def with_context(self, *, url: str | None = None, request_id: str | None = None) -> MilesLiteError:
+    def with_context(
+        self, *, url: str | None = None, request_id: str | None = None
+    ) -> MilesLiteError:
         """Fill in ``url``/``request_id`` where they are still unknown; returns self."""
         if self.url is None:
             self.url = url

@@ -98,9 +98,14 @@ def decode_msgpack(body: memoryview, *, align: bool = False) -> DecodedBody:
     def tensor(value: dict[str, Any], path: str) -> TensorRef:
         data = value.get("data")
         if not isinstance(data, Span):
-            raise CodecError(f"tensor data must be msgpack bin, got {type(data).__name__}", path=path)
+            raise CodecError(
+                f"tensor data must be msgpack bin, got {type(data).__name__}", path=path
+            )
         start, stop = parse_safetensors(
-            body[data.start : data.stop], dtype=value.get("dtype"), shape=value.get("shape"), path=path
+            body[data.start : data.stop],
+            dtype=value.get("dtype"),
+            shape=value.get("shape"),
+            path=path,
         )
         offset = data.start + start
         nbytes = stop - start
@@ -133,7 +138,9 @@ def decode_json(body: bytes | bytearray | memoryview) -> DecodedBody:
         except (binascii.Error, TypeError, ValueError) as exc:
             raise CodecError(f"tensor data is not base64 ({exc})", path=path) from exc
         view = memoryview(raw)
-        start, stop = parse_safetensors(view, dtype=value.get("dtype"), shape=value.get("shape"), path=path)
+        start, stop = parse_safetensors(
+            view, dtype=value.get("dtype"), shape=value.get("shape"), path=path
+        )
         nbytes = stop - start
         offset = cursor
         blobs.append((offset, raw[start:stop] if (start, stop) != (0, len(raw)) else raw))

@@ -30,6 +30,7 @@ class Span:
     def __repr__(self) -> str:
         return f"Span({self.start}, {self.stop})"
 
+
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -110,7 +111,9 @@ def _read(body: memoryview, pos: int, depth: int) -> tuple[Any, int]:
     if fixed is not None:
         _need(body, pos, fixed.size)
         return fixed.unpack_from(body, pos)[0], pos + fixed.size
-    raise CodecError(f"unsupported msgpack type byte 0x{b:02x} (ext types are not used)", offset=pos - 1)
+    raise CodecError(
+        f"unsupported msgpack type byte 0x{b:02x} (ext types are not used)", offset=pos - 1
+    )
 
 
 _FIXED = {

@@ -70,12 +70,16 @@ def parse_safetensors(data: memoryview, *, dtype: str, shape: Any, path: str) ->
         raise CodecError(f"unknown tensor dtype {dtype!r}", path=path)
     code, itemsize = known
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise CodecError(f"tensor shape must be a list of non-negative ints, got {shape!r}", path=path)
+        raise CodecError(
+            f"tensor shape must be a list of non-negative ints, got {shape!r}", path=path
+        )
     if len(data) < 8:
         raise CodecError(f"tensor data of {len(data)} bytes is no safetensors file", path=path)
     (n,) = _U64.unpack_from(data, 0)
     if n > _MAX_HEADER or 8 + n > len(data):
-        raise CodecError(f"safetensors header length {n} exceeds the {len(data)}-byte data", path=path)
+        raise CodecError(
+            f"safetensors header length {n} exceeds the {len(data)}-byte data", path=path
+        )
     try:
         header = json.loads(bytes(data[8 : 8 + n]))
         entry = header["t"]
@@ -88,7 +92,9 @@ def parse_safetensors(data: memoryview, *, dtype: str, shape: Any, path: str) ->
             f"dtype {dtype!r} disagrees with the safetensors dtype {st_code!r}", path=path
         )
     if st_shape != shape:
-        raise CodecError(f"shape {shape} disagrees with the safetensors shape {st_shape}", path=path)
+        raise CodecError(
+            f"shape {shape} disagrees with the safetensors shape {st_shape}", path=path
+        )
     nbytes = math.prod(shape) * itemsize
     start, stop = 8 + n + begin, 8 + n + end
     if end - begin != nbytes or stop > len(data) or begin < 0:

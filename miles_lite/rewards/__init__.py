@@ -1,1 +1,38 @@
-"""rewards."""
+"""Reward functions and the remote-API scorer.
+
+A reward function is a picklable callable ``(samples: list[Sample]) -> list[float | dict]``,
+one score per sample, run in a reward pool worker (:class:`ClipReward`,
+:func:`latent_mean_reward`, ...). :class:`ApiScorer` is the async alternative: a client of a
+remote scoring API, run on the event loop with at most ``max_concurrency`` requests in flight.
+Importing this package does not import torch or transformers.
+"""
+
+from miles_lite.rewards.api_scorer import (
+    ApiScorer,
+    ApiScorerStatistics,
+    decode_scores,
+    encode_samples,
+)
+from miles_lite.rewards.clip_reward import CLIP_MEAN, CLIP_STD, ClipReward
+from miles_lite.rewards.functions import (
+    ConstantReward,
+    constant_reward,
+    latent_mean_reward,
+    response_length_reward,
+)
+from miles_lite.rewards.tiny_clip import tiny_clip
+
+__all__ = [
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "ApiScorer",
+    "ApiScorerStatistics",
+    "ClipReward",
+    "ConstantReward",
+    "constant_reward",
+    "decode_scores",
+    "encode_samples",
+    "latent_mean_reward",
+    "response_length_reward",
+    "tiny_clip",
+]

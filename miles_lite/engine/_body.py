@@ -1,0 +1,119 @@
+"""Reading a response body from aiohttp's stream into a buffer, piece by piece.
+
+Each ``read(n)`` returns at most ``n`` bytes already buffered by aiohttp (at most about
+two read buffers, since aiohttp pauses the socket above that), so the loop never copies
+more than a few MiB between two suspension points and never joins a whole body.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import aiohttp
+
+from miles_lite.errors import ArenaError, BodyTooLargeError
+
+if TYPE_CHECKING:
+    from miles_lite.engine.response import BodyBuffer
+
+__all__ = ["fill_view", "read_all_chunks", "read_excerpt", "writable_bytes"]
+
+#: Bytes of a non-2xx answer kept in EngineStatusError.body_excerpt.
+EXCERPT_BYTES = 512
+
+
+class _Progress(Protocol):
+    expected: int | None
+    received: int
+
+
+def writable_bytes(
+    owner: BodyBuffer, nbytes: int, *, url: str | None, request_id: str | None
+) -> memoryview:
+    """``owner.view`` as a flat byte view of exactly ``nbytes``; ArenaError if unusable."""
+    view = owner.view
+    where = {"url": url, "request_id": request_id}
+    if not isinstance(view, memoryview):
+        raise ArenaError(
+            f"body allocator returned {type(owner).__name__} whose .view is not a memoryview",
+            **where,
+        )
+    if view.readonly:
+        raise ArenaError("body allocator returned a read-only view", **where)
+    if view.format != "B" or view.ndim != 1:
+        try:
+            view = view.cast("B")
+        except TypeError as exc:
+            raise ArenaError(
+                f"body allocator returned a view that is not C-contiguous: {exc}", **where
+            ) from exc
+    if view.nbytes < nbytes:
+        raise ArenaError(
+            f"body allocator returned {view.nbytes} bytes for a body of {nbytes} bytes", **where
+        )
+    return view[:nbytes]
+
+
+async def fill_view(
+    content: aiohttp.StreamReader, view: memoryview, chunk_bytes: int, progress: _Progress
+) -> None:
+    """Copy the stream into ``view`` until it is full or the stream ends.
+
+    ``progress.received`` follows every chunk. Stops early (without error) at end of
+    stream; the caller compares ``progress.received`` with ``len(view)``. aiohttp's errors
+    propagate untranslated.
+    """
+    nbytes = len(view)
+    pos = 0
+    while pos < nbytes:
+        chunk = await content.read(min(chunk_bytes, nbytes - pos))
+        if not chunk:
+            return
+        end = pos + len(chunk)
+        view[pos:end] = chunk
+        pos = end
+        progress.received = pos
+
+
+async def read_all_chunks(
+    content: aiohttp.StreamReader,
+    chunk_bytes: int,
+    limit: int,
+    progress: _Progress,
+    *,
+    url: str | None,
+    request_id: str | None,
+) -> list[bytes]:
+    """The stream's pieces until its end, unjoined; ``BodyTooLargeError`` past ``limit`` bytes."""
+    chunks: list[bytes] = []
+    while True:
+        chunk = await content.read(chunk_bytes)
+        if not chunk:
+            return chunks
+        progress.received += len(chunk)
+        if progress.received > limit:
+            raise BodyTooLargeError(
+                f"body without Content-Length passed max_body_bytes={limit} after"
+                f" {progress.received} bytes: refused; raise the limit or ask for less",
+                url=url,
+                request_id=request_id,
+            )
+        chunks.append(chunk)
+
+
+async def read_excerpt(content: aiohttp.StreamReader, progress: _Progress) -> str:
+    """The first EXCERPT_BYTES of the stream, decoded leniently (for error messages).
+
+    A body cut short ends the excerpt early rather than hiding the status behind it.
+    """
+    got = bytearray()
+    while len(got) < EXCERPT_BYTES:
+        try:
+            chunk = await content.read(EXCERPT_BYTES - len(got))
+        except aiohttp.ClientPayloadError:
+            break
+        if not chunk:
+            break
+        got += chunk
+        progress.received += len(chunk)
+    return got.decode("utf-8", "replace")

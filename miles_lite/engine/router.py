@@ -1,0 +1,414 @@
+"""Choosing an engine per request: least in flight, sticky keys, health checks, re-admission.
+
+Like miles' router, an engine that fails ``failure_threshold`` times in a row leaves the
+rotation. Unlike it, the health loop keeps probing removed engines and re-admits one as soon
+as its ``/health`` answers 2xx (an engine restarted after a crash comes back by itself).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+
+from miles_lite.errors import (
+    ClosedResourceError,
+    ConfigError,
+    EngineError,
+    EngineStatusError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+)
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from miles_lite.engine.client import EngineClient
+
+__all__ = ["EngineState", "Router", "RouterConfig", "RouterStats"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RouterConfig:
+    """How the router checks engine health and how long a lease may wait (seconds).
+
+    Raises :class:`~miles_lite.errors.ConfigError` naming the field on a bad value.
+
+    Usage: ``RouterConfig(health_interval_s=2.0, failure_threshold=3)``.
+    """
+
+    #: Time between two rounds of /health probes (every engine, removed ones included).
+    health_interval_s: float = 5.0
+    #: Consecutive failures (of leases or probes) that take an engine out of rotation.
+    failure_threshold: int = 3
+    #: Longest wait for one /health answer; no answer in time counts as a failure.
+    health_timeout_s: float = 2.0
+    #: Longest wait in :meth:`Router.lease` for a healthy engine when none is.
+    wait_timeout_s: float = 60.0
+    #: Sticky keys remembered (least recently used ones are forgotten first).
+    max_sticky_keys: int = 100_000
+
+    def __post_init__(self) -> None:
+        for name in ("health_interval_s", "health_timeout_s", "wait_timeout_s"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < float("inf")
+            ):
+                raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        for name in ("failure_threshold", "max_sticky_keys"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """One engine as the router sees it (a snapshot).
+
+    ``healthy``: in rotation; ``in_flight``: leases open now; ``consecutive_failures``:
+    failures since the last success; ``leases``: leases given; ``failures``: failures
+    recorded (leases and probes); ``removals`` / ``readmissions``: times it left / rejoined.
+    """
+
+    url: str
+    healthy: bool
+    in_flight: int
+    consecutive_failures: int
+    leases: int
+    failures: int
+    removals: int
+    readmissions: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStats:
+    """A snapshot of the router: every engine's state, and how often leases had to wait.
+
+    ``waits``: leases that found no healthy engine and waited; ``wait_timeouts``: those
+    that gave up with ``EngineUnavailableError``; ``health_rounds``: probe rounds run.
+    """
+
+    engines: tuple[EngineState, ...]
+    waits: int
+    wait_timeouts: int
+    health_rounds: int
+
+
+class _Engine:
+    __slots__ = (
+        "consecutive_failures",
+        "failures",
+        "healthy",
+        "in_flight",
+        "leases",
+        "readmissions",
+        "removals",
+        "url",
+    )
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.healthy = True
+        self.in_flight = 0
+        self.consecutive_failures = 0
+        self.leases = 0
+        self.failures = 0
+        self.removals = 0
+        self.readmissions = 0
+
+    def snapshot(self) -> EngineState:
+        return EngineState(
+            url=self.url,
+            healthy=self.healthy,
+            in_flight=self.in_flight,
+            consecutive_failures=self.consecutive_failures,
+            leases=self.leases,
+            failures=self.failures,
+            removals=self.removals,
+            readmissions=self.readmissions,
+        )
+
+
+class Router:
+    """Spreads requests over engines: least in flight, sticky keys, health checks.
+
+    An async context manager: entering starts the health loop in the router's own task
+    group, leaving cancels it and waits for it (nothing outlives the block). Leases are
+    refused (``ClosedResourceError``) outside the block. Not thread-safe; use it from one
+    event loop.
+
+    Usage::
+
+        async with Router(urls, client, RouterConfig()) as router:
+            async with router.lease(key=session_id) as url:
+                raw = await client.post(url, "/generate", payload)
+    """
+
+    def __init__(
+        self, urls: Sequence[str], client: EngineClient, config: RouterConfig | None = None
+    ) -> None:
+        if isinstance(urls, str):
+            raise ConfigError(f"urls must be a sequence of URLs, got the string {urls!r}")
+        urls = tuple(urls)
+        if not urls:
+            raise ConfigError("urls must name at least one engine, got none")
+        duplicates = sorted({u for u in urls if urls.count(u) > 1})
+        if duplicates:
+            raise ConfigError(f"urls must be distinct, got duplicates {duplicates}")
+        self._urls = urls
+        self._engines = [_Engine(url) for url in urls]
+        self._by_url = {engine.url: engine for engine in self._engines}
+        self._client = client
+        self._config = config if config is not None else RouterConfig()
+        self._sticky: OrderedDict[str, _Engine] = OrderedDict()
+        self._next = 0  # where the round-robin tie-break starts
+        self._admitted = anyio.Event()
+        self._task_group: TaskGroup | None = None
+        self._state = "new"  # -> "running" -> "closed"
+        self._waits = 0
+        self._wait_timeouts = 0
+        self._health_rounds = 0
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every engine's URL, in the order given."""
+        return self._urls
+
+    @property
+    def healthy_urls(self) -> tuple[str, ...]:
+        """The URLs of engines in rotation, in the order given."""
+        return tuple(engine.url for engine in self._engines if engine.healthy)
+
+    @property
+    def config(self) -> RouterConfig:
+        """The settings this router was made with."""
+        return self._config
+
+    def in_flight(self, url: str) -> int:
+        """Leases open now on ``url``; ``KeyError`` if the router does not know it."""
+        return self._engine(url).in_flight
+
+    def stats(self) -> RouterStats:
+        """A snapshot of every engine's state and of the lease waits."""
+        return RouterStats(
+            engines=tuple(engine.snapshot() for engine in self._engines),
+            waits=self._waits,
+            wait_timeouts=self._wait_timeouts,
+            health_rounds=self._health_rounds,
+        )
+
+    def forget(self, key: str) -> None:
+        """Drop the engine remembered for sticky ``key`` (e.g. when a session ends)."""
+        self._sticky.pop(key, None)
+
+    def lease(self, key: str | None = None) -> _Lease:
+        """An async context manager giving the URL of the engine to use, counted in flight.
+
+        Picks the healthy engine with the fewest leases open (ties go round robin). With a
+        ``key``, the engine remembered for it is kept while it is healthy; otherwise the
+        least loaded one is chosen and remembered. When no engine is healthy, waits for one
+        up to ``wait_timeout_s``, then raises ``EngineUnavailableError`` listing the URLs.
+
+        When the block raises an ``EngineUnavailableError``, ``EngineTimeoutError`` or 5xx
+        ``EngineStatusError`` about this engine (also inside an exception group), a failure
+        is recorded; ``failure_threshold`` in a row take the engine out of rotation. When
+        it exits normally, the failure count is reset. Other errors and cancellation count
+        as neither. Raises ``ClosedResourceError`` outside the router's ``async with``.
+        """
+        return _Lease(self, key)
+
+    async def __aenter__(self) -> Router:
+        if self._state != "new":
+            raise ClosedResourceError(
+                f"router {self._describe()} was already started; make a new Router"
+            )
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        self._state = "running"
+        task_group.start_soon(self._health_loop, name=f"router health loop {self._describe()}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task_group, self._task_group = self._task_group, None
+        self._state = "closed"
+        self._wake_waiters()
+        if task_group is None:  # __aenter__ failed before the task group existed
+            return None
+        task_group.cancel_scope.cancel()
+        return await task_group.__aexit__(exc_type, exc, tb)
+
+    # -- selection ---------------------------------------------------------------------
+
+    async def _acquire(self, key: str | None) -> _Engine:
+        self._check_running()
+        engine = self._pick(key)
+        if engine is not None:
+            return engine
+        self._waits += 1
+        with anyio.move_on_after(self._config.wait_timeout_s):
+            while engine is None:
+                await self._admitted.wait()
+                self._check_running()
+                engine = self._pick(key)
+            return engine
+        self._wait_timeouts += 1
+        raise EngineUnavailableError(
+            f"no healthy engine among {list(self._urls)} after waiting"
+            f" {self._config.wait_timeout_s} s (wait_timeout_s); check that they are running"
+        )
+
+    def _pick(self, key: str | None) -> _Engine | None:
+        """The engine for this lease, counted in flight; None if none is healthy. No await."""
+        engine = None
+        if key is not None:
+            engine = self._sticky.get(key)
+            if engine is not None and not engine.healthy:
+                engine = None
+        if engine is None:
+            engine = self._least_loaded()
+            if engine is None:
+                return None
+        if key is not None:
+            self._sticky[key] = engine
+            self._sticky.move_to_end(key)
+            if len(self._sticky) > self._config.max_sticky_keys:
+                self._sticky.popitem(last=False)
+        engine.in_flight += 1
+        engine.leases += 1
+        return engine
+
+    def _least_loaded(self) -> _Engine | None:
+        best: _Engine | None = None
+        best_index = 0
+        count = len(self._engines)
+        # Scan from the round-robin cursor so that ties go to each engine in turn.
+        for step in range(count):
+            index = (self._next + step) % count
+            engine = self._engines[index]
+            if engine.healthy and (best is None or engine.in_flight < best.in_flight):
+                best, best_index = engine, index
+        if best is not None:
+            self._next = (best_index + 1) % count
+        return best
+
+    def _release(self, engine: _Engine, exc: BaseException | None) -> None:
+        engine.in_flight -= 1
+        if exc is None:
+            engine.consecutive_failures = 0
+        elif _marks_unhealthy(exc, engine.url):
+            self._record_failure(engine)
+
+    # -- health ------------------------------------------------------------------------
+
+    def _record_failure(self, engine: _Engine) -> None:
+        engine.failures += 1
+        engine.consecutive_failures += 1
+        if engine.healthy and engine.consecutive_failures >= self._config.failure_threshold:
+            engine.healthy = False
+            engine.removals += 1
+
+    def _record_probe(self, engine: _Engine, ok: bool) -> None:
+        if not ok:
+            self._record_failure(engine)
+            return
+        engine.consecutive_failures = 0
+        if not engine.healthy:
+            engine.healthy = True
+            engine.readmissions += 1
+            self._wake_waiters()
+
+    async def _health_loop(self) -> None:
+        while True:
+            async with anyio.create_task_group() as task_group:
+                for engine in self._engines:
+                    task_group.start_soon(self._probe, engine)
+            self._health_rounds += 1
+            await anyio.sleep(self._config.health_interval_s)
+
+    async def _probe(self, engine: _Engine) -> None:
+        timeout_s = self._config.health_timeout_s
+        ok = False
+        with anyio.move_on_after(timeout_s):
+            ok = await self._client.health(engine.url, timeout_s=timeout_s)
+        self._record_probe(engine, ok)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _wake_waiters(self) -> None:
+        self._admitted.set()
+        self._admitted = anyio.Event()
+
+    def _check_running(self) -> None:
+        if self._state == "new":
+            raise ClosedResourceError(
+                f"router {self._describe()} is not running: enter it with `async with` first"
+            )
+        if self._state == "closed":
+            raise ClosedResourceError(
+                f"router {self._describe()} is closed: its `async with` has ended"
+            )
+
+    def _engine(self, url: str) -> _Engine:
+        try:
+            return self._by_url[url]
+        except KeyError:
+            raise KeyError(
+                f"{url!r} is not one of the router's engines {list(self._urls)}"
+            ) from None
+
+    def _describe(self) -> str:
+        return f"over {len(self._urls)} engine(s) {list(self._urls)}"
+
+
+class _Lease:
+    """``async with router.lease(key) as url``: see :meth:`Router.lease`."""
+
+    __slots__ = ("_engine", "_key", "_router")
+
+    def __init__(self, router: Router, key: str | None) -> None:
+        self._router = router
+        self._key = key
+        self._engine: _Engine | None = None
+
+    async def __aenter__(self) -> str:
+        if self._engine is not None:
+            raise RuntimeError("a lease can be entered only once; call router.lease() again")
+        self._engine = await self._router._acquire(self._key)
+        return self._engine.url
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Synchronous on purpose: the in-flight count drops even in a cancelled scope.
+        if self._engine is not None:
+            self._router._release(self._engine, exc)
+
+
+def _marks_unhealthy(exc: BaseException, url: str) -> bool:
+    """Whether ``exc`` says that the engine at ``url`` is failing (down, slow or 5xx)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_marks_unhealthy(inner, url) for inner in exc.exceptions)
+    if not isinstance(exc, EngineError) or exc.url not in (None, url):
+        return False
+    if isinstance(exc, EngineStatusError):
+        return exc.status >= 500
+    return isinstance(exc, EngineUnavailableError | EngineTimeoutError)

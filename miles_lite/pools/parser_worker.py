@@ -1,0 +1,230 @@
+"""What runs inside a parser worker: decode bodies in the arena, or fetch them straight into it.
+
+These functions are imported by worker processes and must stay light: no torch import
+(tensor views are made in the main process from the page numbers returned here), so a
+parser worker starts in tens of milliseconds.
+
+A worker's arena attachment and its HTTP connections live in ``_STATE``, this worker
+process's own state, set by :func:`init_parser_worker` when the process starts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from miles_lite.codecs.body import decode_body, wire_form
+from miles_lite.errors import (
+    BodyTooLargeError,
+    CodecError,
+    EngineProtocolError,
+    EngineStatusError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    MilesLiteError,
+)
+from miles_lite.pools.arena import Allocation, ArenaHandle, WorkerArena
+
+__all__ = ["FetchRequest", "ParseResult", "fetch_and_parse", "init_parser_worker", "parse_in_arena"]
+
+_EXCERPT = 500
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """A POST a worker makes itself (``fetch_in_parser``); sizes in bytes, times in seconds."""
+
+    url: str
+    path: str
+    payload: dict[str, Any]
+    request_id: str | None
+    timeout_s: float
+    max_body_bytes: int
+    align: bool = True
+    alloc_timeout_s: float = 300.0
+
+
+@dataclass(slots=True)
+class ParseResult:
+    """A decoded body: ``items`` hold :class:`TensorRef` s relative to the allocation start.
+
+    ``allocation`` is set when the worker allocated the bytes (the main process adopts
+    it); ``used_bytes`` is how much of it the tensors need. Times are ``time.monotonic``
+    readings (one clock for all processes on Linux); ``wire_bytes`` is the body size.
+    """
+
+    items: list[Any]
+    used_bytes: int
+    allocation: Allocation | None = None
+    wire_bytes: int = 0
+    content_type: str = ""
+    response_at: float = 0.0
+    read_at: float = 0.0
+    parsed_at: float = 0.0
+    payload: bytes | None = field(default=None, repr=False)
+
+
+class _WorkerState:
+    def __init__(self, arena: WorkerArena | None) -> None:
+        self.arena = arena
+        self.connections: dict[tuple[str, int], http.client.HTTPConnection] = {}
+
+    def connection(self, host: str, port: int, timeout_s: float) -> http.client.HTTPConnection:
+        conn = self.connections.get((host, port))
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+            self.connections[(host, port)] = conn
+        conn.timeout = timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout_s)
+        return conn
+
+    def drop(self, host: str, port: int) -> None:
+        conn = self.connections.pop((host, port), None)
+        if conn is not None:
+            conn.close()
+
+
+_STATE: _WorkerState | None = None
+
+
+def init_parser_worker(index: int, tag: int, handle: ArenaHandle | None) -> None:
+    """Attach this worker to the arena (``handle`` None: no shared memory)."""
+    global _STATE
+    _STATE = _WorkerState(WorkerArena(handle, tag) if handle is not None else None)
+
+
+def _state() -> _WorkerState:
+    if _STATE is None:
+        raise RuntimeError("parser worker used before init_parser_worker ran")
+    return _STATE
+
+
+def parse_in_arena(
+    allocation: Allocation, nbytes: int, content_type: str, align: bool
+) -> ParseResult:
+    """Decode a body the main process wrote into ``allocation`` (its first ``nbytes``)."""
+    arena = _state().arena
+    if arena is None:
+        raise RuntimeError("parse_in_arena needs an arena")
+    view = arena.view(allocation, nbytes)
+    result = _decode_in(view, content_type, align)
+    result.wire_bytes = nbytes
+    return result
+
+
+def parse_bytes(body: bytes, content_type: str) -> ParseResult:
+    """Decode a body sent through the pipe (no arena: remote executors); slow for big bodies."""
+    decoded = decode_body(memoryview(body), content_type)
+    if decoded.in_place:
+        return ParseResult(decoded.items, len(body), payload=body, wire_bytes=len(body))
+    out = bytearray(decoded.nbytes)
+    decoded.fill(memoryview(out))
+    return ParseResult(decoded.items, decoded.nbytes, payload=bytes(out), wire_bytes=len(body))
+
+
+def _decode_in(view: memoryview, content_type: str, align: bool) -> ParseResult:
+    decoded = decode_body(view, content_type, align=align)
+    if not decoded.in_place:
+        # base64/JSON: every byte was copied out by json.loads, so the decoded tensors can
+        # overwrite the body; they always fit (each base64 map is larger than its padding).
+        if decoded.nbytes > len(view):
+            raise CodecError(
+                f"decoded tensors ({decoded.nbytes} bytes) exceed the body ({len(view)} bytes)"
+            )
+        decoded.fill(view)
+    return ParseResult(decoded.items, decoded.nbytes, parsed_at=time.monotonic())
+
+
+def fetch_and_parse(request: FetchRequest) -> ParseResult:
+    """POST ``request`` to its engine, read the answer into the arena and decode it there.
+
+    The body never passes through the main process. Raises the engine errors of
+    :mod:`miles_lite.errors` with url and request id; frees its allocation on error.
+    """
+    state = _state()
+    arena = state.arena
+    if arena is None:
+        raise RuntimeError("fetch_and_parse needs an arena")
+    split = urlsplit(request.url)
+    host, port = split.hostname or "127.0.0.1", split.port or 80
+    where = {"url": request.url, "request_id": request.request_id}
+    body = json.dumps(request.payload).encode()
+    allocation: Allocation | None = None
+    try:
+        try:
+            conn = state.connection(host, port, request.timeout_s)
+            conn.request(
+                "POST",
+                request.path,
+                body=body,
+                headers={"Content-Type": "application/json", "Accept": "application/msgpack"},
+            )
+            resp = conn.getresponse()
+            response_at = time.monotonic()
+            content_type = resp.getheader("Content-Type", "")
+            if resp.status != 200:
+                excerpt = resp.read(_EXCERPT).decode("utf-8", "replace")
+                state.drop(host, port)
+                raise EngineStatusError(
+                    f"engine answered {resp.status} to POST {request.path}: {excerpt}",
+                    status=resp.status,
+                    body_excerpt=excerpt,
+                    **where,
+                )
+            length_header = resp.getheader("Content-Length")
+            if length_header is None:
+                state.drop(host, port)
+                raise EngineProtocolError("answer has no Content-Length", **where)
+            length = int(length_header)
+            if length > request.max_body_bytes:
+                state.drop(host, port)
+                raise BodyTooLargeError(
+                    f"body of {length} bytes exceeds max_body_bytes={request.max_body_bytes}",
+                    **where,
+                )
+            wire_form(content_type)
+            allocation = arena.alloc(length, timeout_s=request.alloc_timeout_s)
+            view = arena.view(allocation, length)
+            got = 0
+            while got < length:
+                n = resp.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            if got < length:
+                state.drop(host, port)
+                raise EngineProtocolError(f"truncated body: got {got} of {length} bytes", **where)
+            read_at = time.monotonic()
+        except http.client.IncompleteRead as exc:
+            state.drop(host, port)
+            raise EngineProtocolError(
+                f"truncated body: got {len(exc.partial)} more bytes, {exc.expected} missing",
+                **where,
+            ) from exc
+        except TimeoutError as exc:
+            state.drop(host, port)
+            raise EngineTimeoutError(f"no answer within {request.timeout_s} s", **where) from exc
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
+            state.drop(host, port)
+            raise EngineUnavailableError(f"connection failed: {exc!r}", **where) from exc
+        result = _decode_in(view, content_type, request.align)
+    except MilesLiteError as exc:
+        if allocation is not None:
+            arena.free(allocation)
+        exc.with_context(**where)
+        raise
+    except BaseException:
+        if allocation is not None:
+            arena.free(allocation)
+        raise
+    result.allocation = allocation
+    result.wire_bytes = length
+    result.content_type = content_type
+    result.response_at = response_at
+    result.read_at = read_at
+    return result

@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+import torch
+from aiohttp import web
+
+from miles_lite.codecs.tensors import decode_to_tensors
+from miles_lite.errors import CodecError, EngineProtocolError, EngineStatusError, WorkerCrashedError
+from miles_lite.pools.arena import ArenaConfig
+from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
+from miles_lite.pools.parser_worker import FetchRequest
+from tests.pools.bodies import CTYPE, body
+
+pytestmark = pytest.mark.anyio
+
+PAGE = 4096
+
+
+@pytest.fixture
+async def parser() -> AsyncIterator[ParserPool]:
+    cfg = ParserPoolConfig(workers=2, arena=ArenaConfig(size_bytes=256 * PAGE, page_bytes=PAGE))
+    async with ParserPool(cfg) as p:
+        yield p
+
+
+def assert_same(got: list, want: list) -> None:
+    for g, w in zip(got, want, strict=True):
+        for key in ("generated_output", "rollout_log_probs"):
+            assert torch.equal(g[key], w[key])
+        assert torch.equal(g["dit_trajectory"]["latents"], w["dit_trajectory"]["latents"])
+        assert g["dit_trajectory"]["latents"].dtype == torch.bfloat16
+        assert g["dit_trajectory"]["sigmas"] is None
+
+
+@pytest.mark.parametrize("form", ["msgpack", "json"])
+async def test_parse_in_place_gives_the_encoded_tensors_aligned(
+    parser: ParserPool, form: str
+) -> None:
+    raw = body(3, form=form)
+    lease = await parser.allocate(len(raw))
+    lease.view[:] = raw
+    parsed = await parser.parse(lease, CTYPE[form])
+    del lease
+    assert_same(parsed.items, decode_to_tensors(bytearray(body(3)), CTYPE["msgpack"]))
+    latents = parsed.items[0]["dit_trajectory"]["latents"]
+    assert latents.data_ptr() % 64 == 0
+    assert parser.arena is not None and parser.arena.used_bytes > 0
+    del parsed, latents
+    gc.collect()
+    assert parser.arena.used_bytes == 0
+
+
+async def test_a_malformed_body_is_a_codec_error_naming_url_and_request(parser: ParserPool) -> None:
+    raw = body(1)[:-10]
+    lease = await parser.allocate(len(raw))
+    lease.view[:] = raw
+    with pytest.raises(CodecError, match=r"truncated.*engine http://e:1, request r-9"):
+        await parser.parse(lease, CTYPE["msgpack"], url="http://e:1", request_id="r-9")
+    del lease
+    gc.collect()
+    assert parser.arena is not None and parser.arena.used_bytes == 0
+
+
+class Server:
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        if self.mode == "500":
+            return web.json_response({"detail": "seed missing"}, status=500)
+        if self.mode == "slow":
+            await anyio.sleep(0.5)
+        raw = body(payload["seed"])
+        if self.mode == "truncate":
+            resp = web.StreamResponse(
+                headers={"Content-Type": CTYPE["msgpack"], "Content-Length": str(len(raw))}
+            )
+            await resp.prepare(request)
+            await resp.write(raw[: len(raw) // 2])
+            request.transport.close()  # type: ignore[union-attr]
+            return resp
+        return web.Response(body=raw, content_type=CTYPE["msgpack"])
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    srv = Server()
+    app = web.Application()
+    app.router.add_post("/rollout/generate", srv.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    srv.url = f"http://127.0.0.1:{port}"
+    yield srv
+    await runner.cleanup()
+
+
+def fetch(srv: Server, seed: int) -> FetchRequest:
+    return FetchRequest(
+        url=srv.url,
+        path="/rollout/generate",
+        payload={"seed": seed},
+        request_id=f"r-{seed}",
+        timeout_s=5,
+        max_body_bytes=1 << 20,
+    )
+
+
+async def test_fetch_in_parser_gives_the_same_tensors(parser: ParserPool, server: Server) -> None:
+    parsed = await parser.fetch(fetch(server, 5))
+    assert parsed.wire_bytes == len(body(5))
+    assert parsed.response_at <= parsed.read_at <= parsed.parsed_at
+    assert_same(parsed.items, decode_to_tensors(bytearray(body(5)), CTYPE["msgpack"]))
+
+
+async def test_fetch_errors_are_typed_and_free_their_space(
+    parser: ParserPool, server: Server
+) -> None:
+    server.mode = "500"
+    with pytest.raises(EngineStatusError, match="seed missing") as info:
+        await parser.fetch(fetch(server, 1))
+    assert (
+        info.value.status == 500 and info.value.request_id == "r-1" and info.value.url == server.url
+    )
+    server.mode = "truncate"
+    with pytest.raises(EngineProtocolError, match="truncated"):
+        await parser.fetch(fetch(server, 2))
+    assert parser.arena is not None and parser.arena.used_bytes == 0
+    server.mode = "ok"
+    assert len((await parser.fetch(fetch(server, 3))).items) == 2
+
+
+async def test_cancelled_fetch_frees_the_late_answer(parser: ParserPool, server: Server) -> None:
+    server.mode = "slow"
+    with anyio.move_on_after(0.1):
+        await parser.fetch(fetch(server, 4))
+    await anyio.sleep(0.8)
+    assert parser.arena is not None and parser.arena.used_bytes == 0
+
+
+async def test_killed_worker_pages_are_reclaimed_and_nothing_leaks(server: Server) -> None:
+    shm_before = set(os.listdir("/dev/shm"))
+    cfg = ParserPoolConfig(workers=1, arena=ArenaConfig(size_bytes=64 * PAGE, page_bytes=PAGE))
+    async with ParserPool(cfg) as parser:
+        assert parser.arena is not None
+        worker_pid = await parser.pool.run(os.getpid)
+        # A worker killed while it holds arena pages: they come back with its replacement.
+        from miles_lite.pools.arena import WorkerArena  # noqa: F401 (documents the owner)
+
+        parser.arena._table.try_alloc(5, 2)
+        os.kill(worker_pid, 9)
+        with pytest.raises(WorkerCrashedError):
+            await parser.fetch(fetch(server, 6))
+        assert parser.arena.used_bytes == 0
+        assert len((await parser.fetch(fetch(server, 7))).items) == 2
+    assert set(os.listdir("/dev/shm")) == shm_before
