@@ -16,7 +16,8 @@
     ├── WorkerError                          a pool worker failed
     │   ├── WorkerCrashedError               the worker process died
     │   └── WorkerTaskError                  the function raised; carries the remote traceback
-    └── RewardError                          a reward function failed
+    ├── RewardError                          a reward function failed
+    └── GenerateError                        a custom generate function raised
 
 Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
 them in their message. ``retryable`` is a class attribute the retry policy reads; an
@@ -37,6 +38,7 @@ __all__ = [
     "EngineStatusError",
     "EngineTimeoutError",
     "EngineUnavailableError",
+    "GenerateError",
     "MilesLiteError",
     "RewardError",
     "WorkerCrashedError",
@@ -204,3 +206,7 @@ class WorkerTaskError(WorkerError):
 
 class RewardError(MilesLiteError):
     """Raised when a reward function fails or returns the wrong number of scores."""
+
+
+class GenerateError(MilesLiteError):
+    """Raised when a generate function fails with an exception that is not a MilesLiteError."""

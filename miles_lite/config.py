@@ -1,0 +1,128 @@
+"""Configuration of diffusion rollouts: frozen keyword-only dataclasses, checked on creation.
+
+Settings of the parts live beside them: :class:`~miles_lite.engine.EngineClientConfig`,
+:class:`~miles_lite.engine.RouterConfig`, :class:`~miles_lite.pools.ParserPoolConfig`,
+:class:`~miles_lite.pools.ArenaConfig`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from miles_lite.errors import ConfigError
+
+__all__ = ["DiffusionRolloutConfig", "DiffusionSamplingParams"]
+
+SdeType = Literal["sde", "cps", "ode"]
+Transport = Literal["pool", "inline"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffusionSamplingParams:
+    """The fields of a ``/rollout/generate`` request (SGLang-diffusion), minus prompt and seed.
+
+    ``None`` fields are not sent, so the model's defaults apply. ``rollout=False`` asks
+    for an evaluation answer (``generated_output`` only).
+
+    Usage: ``DiffusionSamplingParams(num_inference_steps=8, width=512, height=512)``.
+    """
+
+    num_inference_steps: int | None = None
+    width: int | None = None
+    height: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
+    negative_prompt: str | None = None
+    generator_device: str | None = None
+    rollout: bool = True
+    rollout_sde_type: SdeType | None = None
+    rollout_noise_level: float | None = None
+    rollout_log_prob_no_const: bool | None = None
+    rollout_debug_mode: bool | None = None
+    rollout_return_denoising_env: bool | None = True
+    rollout_return_dit_trajectory: bool | None = True
+    rollout_sde_step_indices: list[int] | None = None
+    rollout_return_step_indices: list[int] | None = None
+    extra_sampling_params: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_inference_steps", "width", "height", "num_frames", "fps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"DiffusionSamplingParams.{name} must be a positive int, got {value!r}")
+        if self.rollout_sde_type not in (None, "sde", "cps", "ode"):
+            raise ConfigError(
+                f"DiffusionSamplingParams.rollout_sde_type must be 'sde', 'cps' or 'ode', "
+                f"got {self.rollout_sde_type!r}"
+            )
+        noise = self.rollout_noise_level
+        if noise is not None and not (math.isfinite(noise) and noise >= 0):
+            raise ConfigError(
+                f"DiffusionSamplingParams.rollout_noise_level must be finite and >= 0, got {noise!r}"
+            )
+
+    def to_payload(self) -> dict[str, Any]:
+        """The request fields, ``None`` ones dropped."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffusionRolloutConfig:
+    """How a diffusion rollout is cut into requests and run.
+
+    - ``n_samples_per_prompt``: samples per prompt (a group); ``microgroup_size``: samples
+      per ``/rollout/generate`` request (its ``num_outputs_per_prompt``); the last
+      microgroup of a group may be smaller.
+    - ``max_inflight_per_engine``: microgroups generating at once per engine.
+    - ``seed``: base seed; group ``g`` gets seeds ``seed + g * n_samples_per_prompt + j``
+      unless the prompt brings its own list. Each request carries the seed of its first
+      sample; sample ``i`` of a microgroup gets ``request seed + i`` (as in miles).
+    - ``transport``: ``"pool"`` decodes in the parser pool, ``"inline"`` on the event loop
+      (zero-copy for msgpack; base64/JSON inline is the slow baseline).
+    - ``fetch_in_parser``: the parser worker posts the request and reads the body itself.
+    - ``reward``: the default reward kind (a key of the rollout's reward pools), overridden
+      per sample by ``metadata["rm_type"]``; ``group_reward``: a kind scored once per
+      whole group after its microgroups land (``group_rm``); ``None``: no reward.
+    - ``request_timeout_s``: limit for one request, generation included.
+
+    Usage: ``DiffusionRolloutConfig(n_samples_per_prompt=8, microgroup_size=4)``.
+    """
+
+    n_samples_per_prompt: int = 4
+    microgroup_size: int = 2
+    max_inflight_per_engine: int = 4
+    seed: int = 0
+    sampling: DiffusionSamplingParams = field(default_factory=DiffusionSamplingParams)
+    transport: Transport = "pool"
+    fetch_in_parser: bool = False
+    reward: str | None = None
+    group_reward: str | None = None
+    request_timeout_s: float = 1800.0
+    max_body_bytes: int = 4 << 30
+
+    def __post_init__(self) -> None:
+        for name in ("n_samples_per_prompt", "microgroup_size", "max_inflight_per_engine"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"DiffusionRolloutConfig.{name} must be an int >= 1, got {value!r}")
+        if self.transport not in ("pool", "inline"):
+            raise ConfigError(
+                f"DiffusionRolloutConfig.transport must be 'pool' or 'inline', got {self.transport!r}"
+            )
+        if self.fetch_in_parser and self.transport != "pool":
+            raise ConfigError("DiffusionRolloutConfig.fetch_in_parser needs transport='pool'")
+        if not self.request_timeout_s > 0:
+            raise ConfigError(
+                f"DiffusionRolloutConfig.request_timeout_s must be > 0, got {self.request_timeout_s!r}"
+            )
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"DiffusionRolloutConfig.max_body_bytes must be >= 1, got {self.max_body_bytes}")
+
+    def microgroups(self, n_samples: int | None = None) -> list[tuple[int, int]]:
+        """``(start, size)`` of each microgroup of a group of ``n_samples`` samples."""
+        n = self.n_samples_per_prompt if n_samples is None else n_samples
+        return [(s, min(self.microgroup_size, n - s)) for s in range(0, n, self.microgroup_size)]

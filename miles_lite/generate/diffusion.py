@@ -1,0 +1,178 @@
+"""The default diffusion generate function: one microgroup, one ``/rollout/generate`` request.
+
+generate (POST, raw body bytes into arena memory) -> deserialize (parser pool, or inline)
+-> fill the samples. With ``fetch_in_parser`` both steps run in one parser-worker call and
+the body never enters the main process.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from miles_lite.codecs.tensors import decode_to_tensors, materialize
+from miles_lite.codecs.body import decode_body
+from miles_lite.config import DiffusionRolloutConfig
+from miles_lite.engine import EngineClient, RawResponse, Router, retry_call
+from miles_lite.errors import CodecError, EngineProtocolError
+from miles_lite.generate.contract import GenerateFnInput
+from miles_lite.pools.arena import Lease
+from miles_lite.pools.parser_pool import ParserPool
+from miles_lite.pools.parser_worker import FetchRequest
+from miles_lite.types import DiTTrajectory, Sample, SampleStatus
+
+__all__ = ["DiffusionState", "apply_response_item", "build_request", "generate_diffusion"]
+
+PATH = "/rollout/generate"
+
+
+@dataclass
+class DiffusionState:
+    """The resources a diffusion generate function uses (``GenerateFnInput.state``)."""
+
+    config: DiffusionRolloutConfig
+    client: EngineClient
+    router: Router
+    parser: ParserPool | None
+    rand: random.Random
+
+
+def build_request(samples: list[Sample], sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """The ``/rollout/generate`` body of a microgroup: its first sample's seed, its size."""
+    first = samples[0]
+    if first.seed is None:
+        # A null seed makes SGLang fail with a 500 after generating (WIRE.md section 4).
+        raise ValueError(f"sample {first.index} has no seed")
+    return {
+        **sampling_params,
+        "prompt": first.prompt,
+        "seed": first.seed,
+        "num_outputs_per_prompt": len(samples),
+    }
+
+
+async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
+    """Generate and decode one microgroup; fill ``input.samples`` and return them.
+
+    Records ``generate_*``/``deserialize_*`` times, ``engine`` and ``wire_bytes`` in
+    ``input.spans``. Raises engine, codec and worker errors (typed, with engine URL and
+    request id); the caller marks the samples failed.
+    """
+    state: DiffusionState = input.state
+    cfg = state.config
+    samples = input.samples
+    payload = build_request(samples, input.sampling_params)
+    rid = uuid.uuid4().hex
+    spans = input.spans
+    spans["generate_start"] = time.monotonic()
+
+    if cfg.fetch_in_parser:
+        parser = _need_parser(state)
+
+        async def fetch_once() -> Any:
+            async with state.router.lease() as url:
+                spans["engine"] = url
+                request = FetchRequest(
+                    url=url,
+                    path=PATH,
+                    payload=payload,
+                    request_id=rid,
+                    timeout_s=cfg.request_timeout_s,
+                    max_body_bytes=cfg.max_body_bytes,
+                )
+                return await parser.fetch(request)
+
+        parsed = await retry_call(state.client.config.retry, fetch_once, rand=state.rand.random)
+        spans["generate_end"] = parsed.read_at
+        spans["deserialize_start"] = parsed.read_at
+        items = parsed.items
+        spans["wire_bytes"] = parsed.wire_bytes
+    else:
+        into = state.parser.allocate if state.parser is not None and state.parser.arena else None
+
+        async def post_once() -> RawResponse:
+            async with state.router.lease() as url:
+                spans["engine"] = url
+                return await state.client.post(
+                    url, PATH, payload, request_id=rid, into=into, timeout_s=cfg.request_timeout_s
+                )
+
+        # The client retries inside one lease; this outer retry moves to another engine
+        # only when the router takes this one out of rotation.
+        raw = await post_once()
+        spans["generate_end"] = spans["deserialize_start"] = time.monotonic()
+        spans["wire_bytes"] = len(raw.body)
+        items = await _deserialize(state, raw, rid)
+    spans["deserialize_end"] = time.monotonic()
+
+    if len(items) != len(samples):
+        raise EngineProtocolError(
+            f"engine returned {len(items)} samples for num_outputs_per_prompt={len(samples)}",
+            url=spans.get("engine"),
+            request_id=rid,
+        )
+    for i, (sample, item) in enumerate(zip(samples, items, strict=True)):
+        apply_response_item(sample, item, seed=payload["seed"] + i)
+    return samples
+
+
+async def _deserialize(state: DiffusionState, raw: RawResponse, rid: str) -> list[Any]:
+    owner = raw.owner
+    if state.config.transport == "pool":
+        parser = _need_parser(state)
+        body = owner if isinstance(owner, Lease) else bytes(raw.body)
+        parsed = await parser.parse(body, raw.content_type, url=raw.url, request_id=rid)
+        return parsed.items
+    try:
+        # Inline: zero-copy for msgpack (microseconds); base64/JSON here is the slow
+        # baseline the transport benchmark measures.
+        if isinstance(owner, Lease):
+            decoded = decode_body(raw.body, raw.content_type)
+            if decoded.in_place:
+                return materialize(decoded.items, owner.array)  # type: ignore[no-any-return]
+            out = bytearray(decoded.nbytes)
+            decoded.fill(memoryview(out))
+            owner.release()
+            return materialize(decoded.items, out)  # type: ignore[no-any-return]
+        return decode_to_tensors(raw.body, raw.content_type)
+    except CodecError as exc:
+        exc.with_context(url=raw.url, request_id=rid)
+        raise
+
+
+def _need_parser(state: DiffusionState) -> ParserPool:
+    if state.parser is None:
+        raise ValueError("this rollout needs a parser pool (transport='pool' or fetch_in_parser)")
+    return state.parser
+
+
+def apply_response_item(sample: Sample, item: Any, *, seed: int) -> None:
+    """Fill ``sample`` from one decoded per-sample map of a ``/rollout/generate`` answer.
+
+    ``seed`` is the sample's own seed (request seed + its position): the engine echoes the
+    request's seed unchanged for every sample. Raises CodecError on a non-map item.
+    """
+    if not isinstance(item, dict):
+        raise CodecError(f"sample map expected, got {type(item).__name__}")
+    sample.seed = seed
+    sample.request_id = item.get("request_id")
+    sample.generated_output = item.get("generated_output")
+    sample.rollout_log_probs = item.get("rollout_log_probs")
+    sample.rollout_debug_tensors = item.get("rollout_debug_tensors")
+    sample.denoising_env = item.get("denoising_env")
+    trajectory = item.get("dit_trajectory")
+    sample.dit_trajectory = (
+        DiTTrajectory(
+            latents=trajectory.get("latents"),
+            timesteps=trajectory.get("timesteps"),
+            sigmas=trajectory.get("sigmas"),
+        )
+        if isinstance(trajectory, dict)
+        else None
+    )
+    sample.inference_time_s = item.get("inference_time_s")
+    sample.peak_memory_mb = item.get("peak_memory_mb")
+    sample.status = SampleStatus.COMPLETED

@@ -1,0 +1,188 @@
+"""Reward pools: one per reward kind, scoring a microgroup per call.
+
+- :class:`RewardPool` runs a picklable reward function ``(samples) -> list[float | dict]``
+  in worker processes, round-robin. The function is sent to each worker once, when it
+  starts (a model it loads stays loaded), by value so that one defined in ``__main__`` or
+  a notebook cell works.
+- :class:`ApiRewardPool` runs an async remote scorer (:class:`~miles_lite.rewards.ApiScorer`)
+  on the event loop, at most ``max_concurrency`` requests in flight.
+
+Both count queue depth as DESIGN.md defines it: at each call, the calls its worker (for an
+API pool: the scorer) already had in flight; a call counts until its scores return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import cloudpickle
+
+from miles_lite.errors import MilesLiteError, RewardError
+from miles_lite.pools.worker_pool import ExecutorFactory, PoolWindow, WorkerPool, process_executor_factory
+from miles_lite.types import Sample
+
+__all__ = ["ApiRewardPool", "RewardFn", "RewardPool", "RewardPoolLike", "reward_view"]
+
+RewardFn = Callable[[list[Sample]], list[Any]]
+
+
+class RewardPoolLike(Protocol):
+    """What the rollout needs of a reward pool."""
+
+    name: str
+
+    async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
+        """One score per sample, in order; RewardError on failure."""
+        ...
+
+    def measure(self) -> Any:
+        """A context manager collecting a :class:`PoolWindow` of the calls inside it."""
+        ...
+
+
+def reward_view(sample: Sample) -> Sample:
+    """The sample as a reward function sees it: the trajectory tensors left behind.
+
+    Rewards score the output (``generated_output``), prompt, label and metadata; the
+    per-step tensors (often most of the bytes) would only cost pickling time.
+    """
+    return dataclasses.replace(
+        sample,
+        rollout_debug_tensors=None,
+        denoising_env=None,
+        dit_trajectory=None,
+        rollout_log_probs=None,
+        error=None,
+    )
+
+
+_REWARD_FN: RewardFn | None = None  # set in each worker process by _install
+
+
+def _install(index: int, blob: bytes) -> None:
+    global _REWARD_FN
+    # Rewards score tensors: import torch now (once, about 1 s) with one thread per worker,
+    # rather than inside the first rollout's first call.
+    import torch
+
+    torch.set_num_threads(1)
+    _REWARD_FN = cloudpickle.loads(blob)
+
+
+def _score(samples: list[Sample]) -> list[Any]:
+    if _REWARD_FN is None:
+        raise RuntimeError("reward worker used before its function was installed")
+    return list(_REWARD_FN(samples))
+
+
+class RewardPool:
+    """``workers`` processes scoring with ``fn``; use as ``async with RewardPool(...)``.
+
+    ``fn`` is pickled once (cloudpickle) and installed in every worker when it starts.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fn: RewardFn,
+        *,
+        workers: int = 1,
+        executor_factory: ExecutorFactory | None = None,
+        start_method: str = "forkserver",
+    ) -> None:
+        self.name = name
+        self.fn = fn
+        blob = cloudpickle.dumps(fn)
+        self._pool = WorkerPool(
+            f"reward:{name}",
+            workers=workers,
+            executor_factory=executor_factory or process_executor_factory(start_method),
+            initializer=_install,
+            initargs_for=lambda _i: (blob,),
+        )
+
+    async def __aenter__(self) -> RewardPool:
+        await self._pool.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the workers (about 1 s each when the function imports torch)."""
+        await self._pool.start()
+
+    async def aclose(self) -> None:
+        """Stop the workers."""
+        await self._pool.aclose()
+
+    def measure(self) -> Any:
+        """Statistics of the calls made inside the block."""
+        return self._pool.measure()
+
+    async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
+        """Score ``samples`` in one worker call; one float or dict per sample, in order.
+
+        Raises :class:`RewardError` (with the cause) when the function raises, returns the
+        wrong number of scores, or its worker dies.
+        """
+        try:
+            scores = await self._pool.run(_score, [reward_view(s) for s in samples])
+        except MilesLiteError as exc:
+            raise RewardError(f"reward {self.name!r} failed: {exc}") from exc
+        return _checked(self.name, scores, samples)
+
+
+class ApiRewardPool:
+    """A remote scorer used as a reward pool (``scorer.score`` on the event loop).
+
+    ``scorer`` is an :class:`~miles_lite.rewards.ApiScorer` (or anything with an async
+    ``score(samples)``); it bounds its own concurrency. Not closed by this wrapper.
+    """
+
+    def __init__(self, name: str, scorer: Any) -> None:
+        self.name = name
+        self.scorer = scorer
+        self._in_flight = 0
+        self._windows: list[PoolWindow] = []
+
+    @contextmanager
+    def measure(self) -> Iterator[PoolWindow]:
+        """Statistics of the calls made inside the block."""
+        window = PoolWindow()
+        self._windows.append(window)
+        try:
+            yield window
+        finally:
+            self._windows.remove(window)
+
+    async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
+        """Score ``samples`` with one remote call; RewardError on failure."""
+        for window in self._windows:
+            window.calls += 1
+            window.max_queue_depth = max(window.max_queue_depth, self._in_flight)
+        self._in_flight += 1
+        try:
+            scores = await self.scorer.score(samples)
+        except RewardError:
+            raise
+        except MilesLiteError as exc:
+            raise RewardError(f"reward {self.name!r} failed: {exc}") from exc
+        finally:
+            self._in_flight -= 1
+        return _checked(self.name, list(scores), samples)
+
+
+def _checked(name: str, scores: list[Any], samples: list[Sample]) -> list[float | dict[str, Any]]:
+    if len(scores) != len(samples):
+        raise RewardError(
+            f"reward {name!r} returned {len(scores)} scores for {len(samples)} samples "
+            f"(indices {[s.index for s in samples]})"
+        )
+    for score in scores:
+        if isinstance(score, bool) or not isinstance(score, int | float | dict):
+            raise RewardError(f"reward {name!r} returned {score!r}; want a float or a dict")
+    return [float(s) if not isinstance(s, dict) else s for s in scores]
