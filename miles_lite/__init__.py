@@ -1,5 +1,7 @@
 """miles_lite: the rollout layer of RL post-training, as a plain Ray-free Python library."""
 
+from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams
+from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
 from miles_lite.errors import (
     ArenaError,
     BodyTooLargeError,
@@ -11,33 +13,66 @@ from miles_lite.errors import (
     EngineStatusError,
     EngineTimeoutError,
     EngineUnavailableError,
+    GenerateError,
     MilesLiteError,
     RewardError,
     WorkerCrashedError,
     WorkerError,
     WorkerTaskError,
 )
+from miles_lite.generate import GenerateFnInput, generate_diffusion
+from miles_lite.pipeline import DiffusionRollout, MicrogroupSpan, PromptGroup, RolloutResult
+from miles_lite.pools import (
+    ApiRewardPool,
+    ArenaConfig,
+    ParserPool,
+    ParserPoolConfig,
+    RewardPool,
+    WorkerPool,
+)
+from miles_lite.run_sync import run_sync
 from miles_lite.types import DiTTrajectory, Sample, SampleStatus
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApiRewardPool",
+    "ArenaConfig",
     "ArenaError",
     "BodyTooLargeError",
     "ClosedResourceError",
     "CodecError",
     "ConfigError",
     "DiTTrajectory",
+    "DiffusionRollout",
+    "DiffusionRolloutConfig",
+    "DiffusionSamplingParams",
+    "EngineClient",
+    "EngineClientConfig",
     "EngineError",
     "EngineProtocolError",
     "EngineStatusError",
     "EngineTimeoutError",
     "EngineUnavailableError",
+    "GenerateError",
+    "GenerateFnInput",
+    "MicrogroupSpan",
     "MilesLiteError",
+    "ParserPool",
+    "ParserPoolConfig",
+    "PromptGroup",
+    "RetryPolicy",
     "RewardError",
+    "RewardPool",
+    "RolloutResult",
+    "Router",
+    "RouterConfig",
     "Sample",
     "SampleStatus",
     "WorkerCrashedError",
     "WorkerError",
+    "WorkerPool",
     "WorkerTaskError",
+    "generate_diffusion",
+    "run_sync",
 ]

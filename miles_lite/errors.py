@@ -59,7 +59,7 @@ def _where(url: str | None, request_id: str | None) -> str:
 
 
 class MilesLiteError(Exception):
-    """Base of every error raised by miles_lite.
+    """Raised when miles_lite fails: the base of every error it raises.
 
     ``url`` and ``request_id`` say where it happened, when known.
     """

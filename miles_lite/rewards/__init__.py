@@ -23,10 +23,10 @@ from miles_lite.rewards.functions import (
 from miles_lite.rewards.tiny_clip import tiny_clip
 
 __all__ = [
-    "CLIP_MEAN",
-    "CLIP_STD",
     "ApiScorer",
     "ApiScorerStatistics",
+    "CLIP_MEAN",
+    "CLIP_STD",
     "ClipReward",
     "ConstantReward",
     "constant_reward",

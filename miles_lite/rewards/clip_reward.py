@@ -50,9 +50,9 @@ class ClipReward:
 
     Images (``sample.generated_output``, a torch tensor, any float dtype or uint8):
 
-    - ``[C, H, W]`` is one image; ``[F, C, H, W]`` is ``F`` frames (``F`` = 1 is one image),
-      ``[1, F, C, H, W]`` the same with a batch axis. A video scores the **mean of its
-      frame scores**.
+    - SGLang's layout: ``[C, F, H, W]`` is ``F`` frames (``F`` = 1 is one image, as in the
+      real capture's ``[3, 1, H, W]``), ``[1, C, F, H, W]`` the same with a batch axis;
+      ``[C, H, W]`` is one image. A video scores the **mean of its frame scores**.
     - ``C`` = 3 is RGB. Float values are read in ``value_range`` ((0, 1) by default; pass
       ``(-1, 1)`` for raw VAE decoder output), uint8 in [0, 255]; values are clamped to it.
     - ``C`` != 3 is a stand-in convenience, not a real image: channels ``[0, 1, 2]`` are
@@ -266,12 +266,13 @@ class ClipReward:
         if x.ndim == 5 and x.shape[0] == 1:
             x = x[0]
         if x.ndim == 3:
-            x = x.unsqueeze(0)
+            x = x.unsqueeze(1)
         if x.ndim != 4 or min(x.shape) == 0:
             raise RewardError(
                 f"ClipReward: {where} generated_output has shape {shape}; "
-                "expected [C, H, W], [F, C, H, W] or [1, F, C, H, W]"
+                "expected [C, H, W], [C, F, H, W] or [1, C, F, H, W]"
             )
+        x = x.transpose(0, 1)  # [F, C, H, W]: one image per frame
         channels = x.shape[1]
         if channels != 3:
             x = x[:, [c % channels for c in range(3)]]

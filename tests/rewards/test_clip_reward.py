@@ -123,11 +123,11 @@ def test_image_layouts_follow_the_documented_conventions(reward: ClipReward) -> 
     prompt = "a small house"
     img = image(6)
     base = score1(reward, prompt, img)
-    assert score1(reward, prompt, img.unsqueeze(0)) == pytest.approx(base, abs=1e-5)
-    assert score1(reward, prompt, img[None, None]) == pytest.approx(base, abs=1e-5)
-    # Video: the mean of the frame scores.
-    frames = torch.stack([img, image(7), image(8)])
-    per_frame = [score1(reward, prompt, f) for f in frames]
+    assert score1(reward, prompt, img.unsqueeze(1)) == pytest.approx(base, abs=1e-5)
+    assert score1(reward, prompt, img[None, :, None]) == pytest.approx(base, abs=1e-5)
+    # Video, in SGLang's [C, F, H, W]: the mean of the frame scores.
+    frames = torch.stack([img, image(7), image(8)], dim=1)
+    per_frame = [score1(reward, prompt, frames[:, f]) for f in range(3)]
     assert score1(reward, prompt, frames) == pytest.approx(sum(per_frame) / 3, abs=1e-4)
     # Value ranges: [-1, 1] with value_range=(-1, 1), and uint8 in [0, 255].
     signed = ClipReward(
