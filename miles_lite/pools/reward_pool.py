@@ -70,6 +70,10 @@ def _install(index: int, blob: bytes) -> None:
 
     torch.set_num_threads(1)
     _REWARD_FN = cloudpickle.loads(blob)
+    # A model-backed reward (ClipReward) loads its weights now, at pool start.
+    load = getattr(_REWARD_FN, "load", None)
+    if callable(load):
+        load()
 
 
 def _score(samples: list[Sample]) -> list[Any]:
