@@ -50,10 +50,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fetch-in-parser", action="store_true", help="parser workers fetch the bodies")
     g.add_argument("--parser-workers", type=int, default=2, help="--rollout-parser-num-workers")
     g.add_argument("--arena-mb", type=int, default=1024, help="shared-memory arena size (MiB)")
-    g.add_argument("--reward", choices=["clip", "mean", "none"], default="clip",
-                   help="clip: a PickScore-style CLIP reward (tiny random CLIP unless --clip-model)")
+    g.add_argument(
+        "--reward",
+        choices=["clip", "mean", "none"],
+        default="clip",
+        help="clip: a PickScore-style CLIP reward (tiny random CLIP unless --clip-model)",
+    )
     g.add_argument("--clip-model", default=None, help="a CLIP/PickScore checkpoint folder")
-    g.add_argument("--clip-tokenizer", default=None, help="tokenizer folder (default: --clip-model)")
+    g.add_argument(
+        "--clip-tokenizer", default=None, help="tokenizer folder (default: --clip-model)"
+    )
     g.add_argument("--reward-function-path", default=None, help="module.fn: a custom reward")
     g.add_argument("--reward-workers", type=int, default=1)
     g.add_argument("--custom-generate-function-path", default=None, help="module.fn")
@@ -66,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``miles-lite`` argument parser."""
     parser = argparse.ArgumentParser(prog="miles-lite", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="a diffusion rollout on stand-in engines (no GPU, no server)")
+    demo = sub.add_parser(
+        "demo", help="a diffusion rollout on stand-in engines (no GPU, no server)"
+    )
     _common(demo)
     e = demo.add_argument_group("stand-in engines")
     e.add_argument("--engines", type=int, default=2)
@@ -76,8 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     e.add_argument("--step-latency", type=float, default=0.02, help="seconds per denoising step")
     e.add_argument("--engine-concurrency", type=int, default=4, help="requests generating at once")
-    e.add_argument("--wire", choices=["msgpack", "json"], default="msgpack",
-                   help="msgpack: SGLang >= 0.5.19; json: base64 tensors of <= 0.5.15")
+    e.add_argument(
+        "--wire",
+        choices=["msgpack", "json"],
+        default="msgpack",
+        help="msgpack: SGLang >= 0.5.19; json: base64 tensors of <= 0.5.15",
+    )
     roll = sub.add_parser("rollout", help="a diffusion rollout against running SGLang engines")
     roll.add_argument("--engine-url", action="append", required=True, help="repeatable")
     roll.add_argument("--width", type=int, default=None)
@@ -102,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             result = _demo(args, generate)
         else:
-            result = run_sync(_rollout, list(args.engine_url), args, generate, use_uvloop=args.uvloop)
+            result = run_sync(
+                _rollout, list(args.engine_url), args, generate, use_uvloop=args.uvloop
+            )
     except ConfigError as exc:
         parser.error(str(exc))
     _report(result, args)
@@ -132,7 +146,8 @@ async def _rollout(urls: list[str], args: argparse.Namespace, generate: Any) -> 
         num_inference_steps=args.steps,
         width=getattr(args, "width", None),
         height=getattr(args, "height", None),
-        num_frames=getattr(args, "num_frames", None) or (args.frames if getattr(args, "frames", 1) > 1 else None),
+        num_frames=getattr(args, "num_frames", None)
+        or (args.frames if getattr(args, "frames", 1) > 1 else None),
     )
     reward_kind = None if args.reward == "none" and not args.reward_function_path else "score"
     config = DiffusionRolloutConfig(
@@ -192,9 +207,15 @@ def _report(result: RolloutResult, args: argparse.Namespace) -> None:
     for key in sorted(metrics):
         print(f"{key:<{width}}  {metrics[key]:.6g}")
     first = result.samples[0] if result.samples else None
-    if first is not None and first.dit_trajectory is not None and first.dit_trajectory.latents is not None:
+    if (
+        first is not None
+        and first.dit_trajectory is not None
+        and first.dit_trajectory.latents is not None
+    ):
         latents = first.dit_trajectory.latents
-        print(f"\nsample 0: seed {first.seed}, latents {list(latents.shape)} {latents.dtype}, reward {first.reward}")
+        print(
+            f"\nsample 0: seed {first.seed}, latents {list(latents.shape)} {latents.dtype}, reward {first.reward}"
+        )
     for sample in result.failed[:5]:
         print(f"FAILED sample {sample.index}: {sample.error}", file=sys.stderr)
 

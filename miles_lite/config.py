@@ -53,7 +53,9 @@ class DiffusionSamplingParams:
         for name in ("num_inference_steps", "width", "height", "num_frames", "fps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ConfigError(f"DiffusionSamplingParams.{name} must be a positive int, got {value!r}")
+                raise ConfigError(
+                    f"DiffusionSamplingParams.{name} must be a positive int, got {value!r}"
+                )
         if self.rollout_sde_type not in (None, "sde", "cps", "ode"):
             raise ConfigError(
                 f"DiffusionSamplingParams.rollout_sde_type must be 'sde', 'cps' or 'ode', "
@@ -108,7 +110,9 @@ class DiffusionRolloutConfig:
         for name in ("n_samples_per_prompt", "microgroup_size", "max_inflight_per_engine"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"DiffusionRolloutConfig.{name} must be an int >= 1, got {value!r}")
+                raise ConfigError(
+                    f"DiffusionRolloutConfig.{name} must be an int >= 1, got {value!r}"
+                )
         if self.transport not in ("pool", "inline"):
             raise ConfigError(
                 f"DiffusionRolloutConfig.transport must be 'pool' or 'inline', got {self.transport!r}"
@@ -120,7 +124,9 @@ class DiffusionRolloutConfig:
                 f"DiffusionRolloutConfig.request_timeout_s must be > 0, got {self.request_timeout_s!r}"
             )
         if self.max_body_bytes < 1:
-            raise ConfigError(f"DiffusionRolloutConfig.max_body_bytes must be >= 1, got {self.max_body_bytes}")
+            raise ConfigError(
+                f"DiffusionRolloutConfig.max_body_bytes must be >= 1, got {self.max_body_bytes}"
+            )
 
     def microgroups(self, n_samples: int | None = None) -> list[tuple[int, int]]:
         """``(start, size)`` of each microgroup of a group of ``n_samples`` samples."""

@@ -7,12 +7,13 @@ import textwrap
 import threading
 
 import anyio
+import anyio.lowlevel
 
 from miles_lite import run_sync
 
 
 async def where(x: int) -> tuple[int, str]:
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     return x * 2, threading.current_thread().name
 
 

@@ -13,9 +13,9 @@ from miles_lite.codecs.tensor_map import WIRE_DTYPES, TensorRef, is_tensor_map, 
 
 __all__ = [
     "ALIGNMENT",
+    "WIRE_DTYPES",
     "DecodedBody",
     "TensorRef",
-    "WIRE_DTYPES",
     "decode_body",
     "decode_json",
     "decode_msgpack",

@@ -13,9 +13,9 @@ from miles_lite.engine.client_config import EngineClientConfig
 from miles_lite.engine.response import (
     BodyAllocator,
     BodyBuffer,
-    BytearrayBuffer,
+    FreshBuffer,
     RawResponse,
-    allocate_bytearray,
+    allocate_fresh,
 )
 from miles_lite.engine.retry import RetryPolicy, retry_call
 from miles_lite.engine.router import EngineState, Router, RouterConfig, RouterStats
@@ -23,16 +23,16 @@ from miles_lite.engine.router import EngineState, Router, RouterConfig, RouterSt
 __all__ = [
     "BodyAllocator",
     "BodyBuffer",
-    "BytearrayBuffer",
     "EngineClient",
     "EngineClientConfig",
     "EngineClientStats",
     "EngineState",
+    "FreshBuffer",
     "RawResponse",
     "RetryPolicy",
     "Router",
     "RouterConfig",
     "RouterStats",
-    "allocate_bytearray",
+    "allocate_fresh",
     "retry_call",
 ]

@@ -7,10 +7,11 @@ more than a few MiB between two suspension points and never joins a whole body.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import aiohttp
 
+from miles_lite.engine._aiohttp_errors import Progress
 from miles_lite.errors import ArenaError, BodyTooLargeError
 
 if TYPE_CHECKING:
@@ -20,11 +21,6 @@ __all__ = ["fill_view", "read_all_chunks", "read_excerpt", "writable_bytes"]
 
 #: Bytes of a non-2xx answer kept in EngineStatusError.body_excerpt.
 EXCERPT_BYTES = 512
-
-
-class _Progress(Protocol):
-    expected: int | None
-    received: int
 
 
 def writable_bytes(
@@ -55,7 +51,7 @@ def writable_bytes(
 
 
 async def fill_view(
-    content: aiohttp.StreamReader, view: memoryview, chunk_bytes: int, progress: _Progress
+    content: aiohttp.StreamReader, view: memoryview, chunk_bytes: int, progress: Progress
 ) -> None:
     """Copy the stream into ``view`` until it is full or the stream ends.
 
@@ -79,7 +75,7 @@ async def read_all_chunks(
     content: aiohttp.StreamReader,
     chunk_bytes: int,
     limit: int,
-    progress: _Progress,
+    progress: Progress,
     *,
     url: str | None,
     request_id: str | None,
@@ -101,7 +97,7 @@ async def read_all_chunks(
         chunks.append(chunk)
 
 
-async def read_excerpt(content: aiohttp.StreamReader, progress: _Progress) -> str:
+async def read_excerpt(content: aiohttp.StreamReader, progress: Progress) -> str:
     """The first EXCERPT_BYTES of the stream, decoded leniently (for error messages).
 
     A body cut short ends the excerpt early rather than hiding the status behind it.

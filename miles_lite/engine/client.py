@@ -2,17 +2,14 @@
 
 Bodies are read chunk by chunk into a buffer given by a :class:`BodyAllocator`, never joined
 on the event loop (aiohttp's ``read()`` of a 512 MB body stalls the loop for 0.3-0.4 s).
-aiohttp's exceptions become miles_lite's in exactly one place, :func:`_translated`.
+aiohttp's exceptions become miles_lite's in exactly one place, ``_aiohttp_errors.translated``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -21,9 +18,10 @@ import aiohttp
 import anyio
 import anyio.to_thread
 
+from miles_lite.engine._aiohttp_errors import Attempt, Progress, translated, truncated_message
 from miles_lite.engine._body import fill_view, read_all_chunks, read_excerpt, writable_bytes
 from miles_lite.engine.client_config import EngineClientConfig
-from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_bytearray
+from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_fresh
 from miles_lite.engine.retry import RetryPolicy, retry_call
 from miles_lite.errors import (
     BodyTooLargeError,
@@ -32,15 +30,13 @@ from miles_lite.errors import (
     EngineError,
     EngineProtocolError,
     EngineStatusError,
-    EngineTimeoutError,
-    EngineUnavailableError,
 )
 
 __all__ = ["EngineClient", "EngineClientStats"]
 
 #: Longest time aclose() waits for the session's connections to close, in seconds.
 _CLOSE_TIMEOUT_S = 5.0
-#: Bodies up to this size are copied / parsed on the loop; larger ones in a thread.
+#: Bodies without Content-Length up to this size are copied on the loop, larger in a thread.
 _INLINE_BYTES = 1 << 20
 _NO_RETRY = RetryPolicy(max_attempts=1)
 # identity: Content-Length must be the body's size, and compressed bodies would need a
@@ -64,16 +60,6 @@ class EngineClientStats:
     retries: int = 0
     failures: int = 0
     bytes_received: int = 0
-
-
-class _Progress:
-    """How far an attempt got: what the error translation reports (truncated bodies)."""
-
-    __slots__ = ("expected", "received")
-
-    def __init__(self) -> None:
-        self.expected: int | None = None
-        self.received = 0
 
 
 class EngineClient:
@@ -170,7 +156,7 @@ class EngineClient:
 
         ``url`` is the engine's base URL (``http://host:port``), ``path`` the endpoint
         (``/rollout/generate``). The body is written into a buffer from ``into(nbytes)``
-        (default: a fresh ``bytearray``): with a Content-Length, one buffer of that size is
+        (default: :func:`allocate_fresh`): with a Content-Length, one buffer of that size is
         asked for before reading; without one, chunks are gathered up to ``max_body_bytes``
         and copied into a buffer of the final size off the loop. ``timeout_s`` replaces the
         total timeout for this call (seconds).
@@ -294,7 +280,7 @@ class EngineClient:
     ) -> RawResponse:
         self._session_or_raise(url, request_id)
         timeout = self._timeout if timeout_s is None else self._override_timeout(timeout_s)
-        allocator: BodyAllocator = into if into is not None else allocate_bytearray
+        allocator: BodyAllocator = into if into is not None else allocate_fresh
         self._requests += 1
 
         async def attempt() -> RawResponse:
@@ -335,9 +321,9 @@ class EngineClient:
         """One HTTP attempt: send, check the status, read the body into a buffer."""
         session = self._session_or_raise(url, request_id)
         self._attempts += 1
-        progress = _Progress()
-        where = _Where(method, url, path, request_id, client_timeout, progress)
-        with _translated(where):
+        progress = Progress()
+        where = Attempt(method, url, path, request_id, client_timeout, progress)
+        with translated(where):
             resp = await session.request(
                 method,
                 _join(url, path),
@@ -349,7 +335,7 @@ class EngineClient:
         complete = False
         try:
             if not 200 <= resp.status < 300:
-                with _translated(where):
+                with translated(where):
                     excerpt = await read_excerpt(resp.content, progress)
                 raise EngineStatusError(
                     f"engine answered HTTP {resp.status} {resp.reason or ''} to {method} {path}:"
@@ -387,7 +373,7 @@ class EngineClient:
                 resp.close()
 
     async def _read_body(
-        self, resp: aiohttp.ClientResponse, where: _Where, into: BodyAllocator
+        self, resp: aiohttp.ClientResponse, where: Attempt, into: BodyAllocator
     ) -> tuple[object, memoryview]:
         limit = self._config.max_body_bytes
         chunk_bytes = self._config.read_chunk_bytes
@@ -406,15 +392,15 @@ class EngineClient:
                 return None, memoryview(b"")
             owner = await into(length)
             view = writable_bytes(owner, length, url=where.url, request_id=where.request_id)
-            with _translated(where):
+            with translated(where):
                 await fill_view(resp.content, view, chunk_bytes, progress)
             if progress.received < length:
                 raise EngineProtocolError(
-                    _truncated_message(where), url=where.url, request_id=where.request_id
+                    truncated_message(where), url=where.url, request_id=where.request_id
                 )
             return owner, view
 
-        with _translated(where):
+        with translated(where):
             chunks = await read_all_chunks(
                 resp.content,
                 chunk_bytes,
@@ -434,70 +420,6 @@ class EngineClient:
             # Not abandoned on cancellation: the copy is bounded and must not outlive `view`.
             await anyio.to_thread.run_sync(_copy_chunks, chunks, view)
         return owner, view
-
-
-@dataclass(frozen=True, slots=True)
-class _Where:
-    """What an attempt was doing, for error messages."""
-
-    method: str
-    url: str
-    path: str
-    request_id: str | None
-    timeout: aiohttp.ClientTimeout
-    progress: _Progress
-
-
-@contextmanager
-def _translated(where: _Where) -> Iterator[None]:
-    """The one place where aiohttp's exceptions become miles_lite's (``raise ... from exc``).
-
-    Only aiohttp's own exception types are caught, so cancellation and the allocator's
-    errors pass through untouched.
-    """
-    ctx: dict[str, Any] = {"url": where.url, "request_id": where.request_id}
-    try:
-        yield
-    # aiohttp's timeouts (ServerTimeoutError and its connect/read kinds) subclass
-    # asyncio.TimeoutError; they must be matched before ClientConnectionError.
-    except asyncio.TimeoutError as exc:
-        raise EngineTimeoutError(_timeout_message(where, exc), **ctx) from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise EngineProtocolError(f"{_truncated_message(where)} ({exc})", **ctx) from exc
-    except aiohttp.InvalidURL as exc:
-        raise ConfigError(
-            f"invalid engine URL {where.url!r} (path {where.path!r}): {exc}", **ctx
-        ) from exc
-    except aiohttp.ClientConnectionError as exc:
-        raise EngineUnavailableError(
-            f"cannot reach the engine for {where.method} {where.path}:"
-            f" {type(exc).__name__}: {exc}; is it running and listening there?",
-            **ctx,
-        ) from exc
-    except aiohttp.ClientError as exc:
-        raise EngineProtocolError(
-            f"malformed answer to {where.method} {where.path}: {type(exc).__name__}: {exc}", **ctx
-        ) from exc
-
-
-def _timeout_message(where: _Where, exc: BaseException) -> str:
-    timeout = where.timeout
-    what = f"{where.method} {where.path}"
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return f"connecting for {what} took over {timeout.sock_connect} s (connect_timeout_s)"
-    if isinstance(exc, aiohttp.SocketTimeoutError):
-        return (
-            f"no data for {timeout.sock_read} s during {what} after {where.progress.received}"
-            " body bytes (read_timeout_s); raise it if generations are slower"
-        )
-    return f"{what} did not complete within {timeout.total} s (total timeout)"
-
-
-def _truncated_message(where: _Where) -> str:
-    progress = where.progress
-    if progress.expected is None:
-        return f"truncated body: got {progress.received} bytes of a body without Content-Length"
-    return f"truncated body: got {progress.received} of {progress.expected} bytes"
 
 
 def _copy_chunks(chunks: list[bytes], view: memoryview) -> None:
@@ -523,16 +445,12 @@ async def _parse_json(raw: RawResponse, method: str, path: str) -> Any:
     if raw.nbytes == 0:
         return None
     try:
-        if raw.nbytes <= _INLINE_BYTES:
-            return json.loads(raw.body.tobytes())
-        return await anyio.to_thread.run_sync(_loads_view, raw.body)
+        # On the loop: json.loads holds the GIL throughout, so a thread would not free the
+        # loop; control answers are a few KiB (a /generate answer with log-probs, ~1 MB).
+        return json.loads(raw.body.tobytes())
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise EngineProtocolError(
             f"answer to {method} {path} is not JSON ({raw.content_type}): {exc}",
             url=raw.url,
             request_id=raw.request_id,
         ) from exc
-
-
-def _loads_view(view: memoryview) -> Any:
-    return json.loads(view.tobytes())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -154,6 +155,10 @@ class Router:
                 raw = await client.post(url, "/generate", payload)
     """
 
+    #: Set (and replaced) whenever an engine rejoins the rotation. Made on entering: an
+    #: anyio.Event needs the running event loop. Used only while running.
+    _admitted: anyio.Event
+
     def __init__(
         self, urls: Sequence[str], client: EngineClient, config: RouterConfig | None = None
     ) -> None:
@@ -172,7 +177,6 @@ class Router:
         self._config = config if config is not None else RouterConfig()
         self._sticky: OrderedDict[str, _Engine] = OrderedDict()
         self._next = 0  # where the round-robin tie-break starts
-        self._admitted = anyio.Event()
         self._task_group: TaskGroup | None = None
         self._state = "new"  # -> "running" -> "closed"
         self._waits = 0
@@ -211,7 +215,7 @@ class Router:
         """Drop the engine remembered for sticky ``key`` (e.g. when a session ends)."""
         self._sticky.pop(key, None)
 
-    def lease(self, key: str | None = None) -> _Lease:
+    def lease(self, key: str | None = None) -> AbstractAsyncContextManager[str]:
         """An async context manager giving the URL of the engine to use, counted in flight.
 
         Picks the healthy engine with the fewest leases open (ties go round robin). With a
@@ -232,6 +236,7 @@ class Router:
             raise ClosedResourceError(
                 f"router {self._describe()} was already started; make a new Router"
             )
+        self._admitted = anyio.Event()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -251,6 +256,11 @@ class Router:
         if task_group is None:  # __aenter__ failed before the task group existed
             return None
         task_group.cancel_scope.cancel()
+        if isinstance(exc, Exception):
+            # The caller's own error is not the task group's: given to it, anyio would wrap
+            # it in an ExceptionGroup. Wait for the health loop, then let the error through.
+            await task_group.__aexit__(None, None, None)
+            return None
         return await task_group.__aexit__(exc_type, exc, tb)
 
     # -- selection ---------------------------------------------------------------------

@@ -13,8 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from miles_lite.codecs.tensors import decode_to_tensors, materialize
 from miles_lite.codecs.body import decode_body
+from miles_lite.codecs.tensors import decode_to_tensors, materialize
 from miles_lite.config import DiffusionRolloutConfig
 from miles_lite.engine import EngineClient, RawResponse, Router, retry_call
 from miles_lite.errors import CodecError, EngineProtocolError

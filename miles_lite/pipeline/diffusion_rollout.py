@@ -99,7 +99,9 @@ class DiffusionRollout:
         self.rewards = dict(rewards or {})
         for kind in (config.reward, config.group_reward):
             if kind is not None and kind not in self.rewards:
-                raise MilesLiteError(f"reward kind {kind!r} has no pool; have {sorted(self.rewards)}")
+                raise MilesLiteError(
+                    f"reward kind {kind!r} has no pool; have {sorted(self.rewards)}"
+                )
         self.generate = generate or generate_diffusion
         self.dynamic_filter = dynamic_filter
         self.progress = progress
@@ -144,7 +146,9 @@ class DiffusionRollout:
                     pools[kind] = await stack.enter_async_context(
                         RewardPool(kind, spec, workers=reward_workers)
                     )
-            yield cls(config=config, client=client, router=router, parser=parser, rewards=pools, **kwargs)
+            yield cls(
+                config=config, client=client, router=router, parser=parser, rewards=pools, **kwargs
+            )
 
     def make_groups(self, prompts: Sequence[str | PromptGroup]) -> list[list[Sample]]:
         """The samples of each prompt, with indices and seeds (see DiffusionRolloutConfig)."""
@@ -154,7 +158,9 @@ class DiffusionRollout:
             group = spec if isinstance(spec, PromptGroup) else PromptGroup(prompt=spec)
             seeds = group.seeds or [self.config.seed + g * n + j for j in range(n)]
             if len(seeds) != n:
-                raise MilesLiteError(f"prompt {g} has {len(seeds)} seeds for {n} samples per prompt")
+                raise MilesLiteError(
+                    f"prompt {g} has {len(seeds)} seeds for {n} samples per prompt"
+                )
             groups.append(
                 [
                     Sample(
@@ -186,7 +192,9 @@ class DiffusionRollout:
         limiter = anyio.CapacityLimiter(self.config.max_inflight_per_engine * engines)
         bar = _progress_bar(sum(len(g) for g in groups)) if self.progress else None
         with ExitStack() as stack:
-            parser_window = stack.enter_context(self.state.parser.measure()) if self.state.parser else None
+            parser_window = (
+                stack.enter_context(self.state.parser.measure()) if self.state.parser else None
+            )
             reward_windows = {k: stack.enter_context(p.measure()) for k, p in self.rewards.items()}
 
             async def run_group(index: int, group: list[Sample]) -> None:
@@ -194,7 +202,9 @@ class DiffusionRollout:
                     for m, (start, size) in enumerate(self.config.microgroups(len(group))):
                         span = MicrogroupSpan(group_index=index, microgroup_index=m, size=size)
                         spans.append(span)
-                        tg.start_soon(self._run_microgroup, group[start : start + size], span, limiter, bar)
+                        tg.start_soon(
+                            self._run_microgroup, group[start : start + size], span, limiter, bar
+                        )
                 await self._finish_group(group)
                 keep = self.dynamic_filter is None or self.dynamic_filter(group)
                 (kept if keep else filtered).append((index, group))
@@ -232,11 +242,21 @@ class DiffusionRollout:
             if [id(s) for s in out] != [id(s) for s in samples]:
                 # A custom function may return new objects: copy them into our slots.
                 for slot, made in zip(samples, out, strict=True):
-                    slot.__dict__.update({k: v for k, v in made.__dict__.items() if k not in ("index", "group_index")})
+                    slot.__dict__.update(
+                        {
+                            k: v
+                            for k, v in made.__dict__.items()
+                            if k not in ("index", "group_index")
+                        }
+                    )
         except MilesLiteError as exc:
             self._fail(samples, span, exc)
         except Exception as exc:
-            self._fail(samples, span, GenerateError(f"generate function raised {type(exc).__name__}: {exc}"))
+            self._fail(
+                samples,
+                span,
+                GenerateError(f"generate function raised {type(exc).__name__}: {exc}"),
+            )
         finally:
             _record(span, fn_input.spans)
         if span.error is None:
@@ -257,7 +277,9 @@ class DiffusionRollout:
             pool = self.rewards.get(kind)
             try:
                 if pool is None:
-                    raise RewardError(f"no reward pool for kind {kind!r}; have {sorted(self.rewards)}")
+                    raise RewardError(
+                        f"no reward pool for kind {kind!r}; have {sorted(self.rewards)}"
+                    )
                 scores = await pool.score(batch)
             except MilesLiteError as exc:
                 error = RewardError(str(exc), url=span.engine, request_id=batch[0].request_id)

@@ -2,8 +2,19 @@
 
 from miles_lite.pools.arena import Arena, ArenaConfig, Lease
 from miles_lite.pools.parser_pool import ParsedBody, ParserPool, ParserPoolConfig
-from miles_lite.pools.reward_pool import ApiRewardPool, RewardFn, RewardPool, RewardPoolLike, reward_view
-from miles_lite.pools.worker_pool import ExecutorFactory, PoolWindow, WorkerPool, process_executor_factory
+from miles_lite.pools.reward_pool import (
+    ApiRewardPool,
+    RewardFn,
+    RewardPool,
+    RewardPoolLike,
+    reward_view,
+)
+from miles_lite.pools.worker_pool import (
+    ExecutorFactory,
+    PoolWindow,
+    WorkerPool,
+    process_executor_factory,
+)
 
 __all__ = [
     "ApiRewardPool",

@@ -21,7 +21,12 @@ from typing import Any, Protocol
 import cloudpickle
 
 from miles_lite.errors import MilesLiteError, RewardError
-from miles_lite.pools.worker_pool import ExecutorFactory, PoolWindow, WorkerPool, process_executor_factory
+from miles_lite.pools.worker_pool import (
+    ExecutorFactory,
+    PoolWindow,
+    WorkerPool,
+    process_executor_factory,
+)
 from miles_lite.types import Sample
 
 __all__ = ["ApiRewardPool", "RewardFn", "RewardPool", "RewardPoolLike", "reward_view"]

@@ -23,10 +23,10 @@ from miles_lite.rewards.functions import (
 from miles_lite.rewards.tiny_clip import tiny_clip
 
 __all__ = [
-    "ApiScorer",
-    "ApiScorerStatistics",
     "CLIP_MEAN",
     "CLIP_STD",
+    "ApiScorer",
+    "ApiScorerStatistics",
     "ClipReward",
     "ConstantReward",
     "constant_reward",

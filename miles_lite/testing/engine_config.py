@@ -57,6 +57,10 @@ class StandInConfig:
         ``max_response_bytes``: a request whose tensors would exceed this many bytes is
         refused with a 400, so a typo cannot exhaust memory.
         ``request_log_limit``: how many received request bodies ``stats.requests`` keeps.
+        ``body_cache_bytes``: benchmark mode. Keep up to this many bytes of built bodies
+        and answer an identical request (same fields and seed) from them, so the engine
+        spends no CPU building what it already sent (its ``request_id`` is then the first
+        request's). 0 (default): every body is built afresh.
 
     Raises :class:`~miles_lite.errors.ConfigError` naming the field and the bad value.
     """
@@ -85,6 +89,7 @@ class StandInConfig:
     null_groups: bool = False
     max_response_bytes: int = 8 << 30
     request_log_limit: int = 10_000
+    body_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.wire not in _WIRES:
@@ -115,6 +120,10 @@ class StandInConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"StandInConfig.{name} must be an int >= 1, got {value!r}")
+        if not _is_int(self.body_cache_bytes) or self.body_cache_bytes < 0:
+            raise ConfigError(
+                f"StandInConfig.body_cache_bytes must be an int >= 0, got {self.body_cache_bytes!r}"
+            )
         for name in ("latent_height", "latent_width"):
             if getattr(self, name) % self.patch_size:
                 raise ConfigError(
@@ -124,7 +133,9 @@ class StandInConfig:
         for name in ("guidance_scale", "rollout_noise_level", "step_latency_s", "warmup_s"):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"StandInConfig.{name} must be a finite number >= 0, got {value!r}")
+                raise ConfigError(
+                    f"StandInConfig.{name} must be a finite number >= 0, got {value!r}"
+                )
         if not isinstance(self.null_groups, bool):
             raise ConfigError(f"StandInConfig.null_groups must be a bool, got {self.null_groups!r}")
         if isinstance(self.default_groups, str) or not _is_iterable(self.default_groups):

@@ -71,8 +71,15 @@ def _check(name: str, value: Any) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"fault {name} must be an int >= 0, got {value!r}")
     elif name == "stall_s":
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"fault stall_s must be a finite number of seconds >= 0, got {value!r}")
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ConfigError(
+                f"fault stall_s must be a finite number of seconds >= 0, got {value!r}"
+            )
     elif name == "status_next":
         if not isinstance(value, list) or not all(
             isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599 for s in value

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from miles_lite.codecs.encode import encode_json_body, encode_msgpack_body
+from miles_lite.codecs.encode import encode_json_body, encode_msgpack_body, encode_msgpack_pieces
 from miles_lite.testing.engine_config import StandInConfig
 from miles_lite.testing.rollout_request import RolloutRequest
 from miles_lite.testing.trajectories import build_sample
@@ -44,8 +44,8 @@ def body_pieces(
             between_samples()
         sample = build_sample(request, index=index, config=config)
         if config.wire == "msgpack":
-            # A one-element msgpack array is the byte 0x91 then the element.
-            pieces.append(memoryview(encode_msgpack_body([sample]))[1:])
+            # Pieces view the tensors: no copy, the body goes out at memory speed.
+            pieces.extend(memoryview(piece) for piece in encode_msgpack_pieces(sample))
         else:
             if index:
                 pieces.append(memoryview(b", "))  # json.dumps' default item separator

@@ -35,7 +35,14 @@ _BOOL_FIELDS = (
     "rollout_return_denoising_env",
     "rollout_return_dit_trajectory",
 )
-_STR_FIELDS = ("prompt", "negative_prompt", "generator_device", "rollout_sde_type", "rid", "request_id")
+_STR_FIELDS = (
+    "prompt",
+    "negative_prompt",
+    "generator_device",
+    "rollout_sde_type",
+    "rid",
+    "request_id",
+)
 _INT_LIST_FIELDS = ("rollout_sde_step_indices", "rollout_return_step_indices")
 _DICT_FIELDS = ("extra_sampling_params",)
 
@@ -174,7 +181,9 @@ def _resolve(fields: dict[str, Any], config: StandInConfig) -> RolloutRequest:
             raise _invalid(f"{name} must be a positive multiple of {multiple}, got {value}")
     positive = {
         "num_inference_steps": fields.get("num_inference_steps", config.num_inference_steps),
-        "num_outputs_per_prompt": fields.get("num_outputs_per_prompt", config.num_outputs_per_prompt),
+        "num_outputs_per_prompt": fields.get(
+            "num_outputs_per_prompt", config.num_outputs_per_prompt
+        ),
         "num_frames": fields.get("num_frames", config.num_frames),
         "fps": fields.get("fps", 1),
     }
@@ -200,7 +209,6 @@ def _resolve(fields: dict[str, Any], config: StandInConfig) -> RolloutRequest:
     lh, lw = height // config.vae_scale_factor, width // config.vae_scale_factor
     c = config.latent_channels
     latent_shape = (c, lh, lw) if frames == 1 else (c, frames, lh, lw)
-    groups = set() if config.null_groups else config.default_groups
     request = RolloutRequest(
         rid=fields.get("rid", fields.get("request_id")),
         prompt=fields["prompt"],
@@ -216,12 +224,12 @@ def _resolve(fields: dict[str, Any], config: StandInConfig) -> RolloutRequest:
         sde_type=sde_type,
         noise_level=noise,
         sde_step_indices=indices,
-        return_debug_tensors=_group(fields, "rollout_debug_mode", "rollout_debug_tensors", groups, config),
+        return_debug_tensors=_group(fields, "rollout_debug_mode", "rollout_debug_tensors", config),
         return_denoising_env=_group(
-            fields, "rollout_return_denoising_env", "denoising_env", groups, config
+            fields, "rollout_return_denoising_env", "denoising_env", config
         ),
         return_dit_trajectory=_group(
-            fields, "rollout_return_dit_trajectory", "dit_trajectory", groups, config
+            fields, "rollout_return_dit_trajectory", "dit_trajectory", config
         ),
         latent_shape=latent_shape,
     )
@@ -234,13 +242,11 @@ def _resolve(fields: dict[str, Any], config: StandInConfig) -> RolloutRequest:
     return request
 
 
-def _group(
-    fields: dict[str, Any], flag: str, group: str, groups: frozenset[str] | set[str], config: StandInConfig
-) -> bool:
+def _group(fields: dict[str, Any], flag: str, group: str, config: StandInConfig) -> bool:
     if config.null_groups:
         return False
     value = fields.get(flag)
-    return group in groups if value is None else bool(value)
+    return group in config.default_groups if value is None else bool(value)
 
 
 def _step_indices(fields: dict[str, Any], name: str, steps: int) -> tuple[int, ...]:
@@ -248,7 +254,5 @@ def _step_indices(fields: dict[str, Any], name: str, steps: int) -> tuple[int, .
     if value is None:
         return tuple(range(steps))
     if not value or len(set(value)) != len(value) or any(not 0 <= i < steps for i in value):
-        raise _invalid(
-            f"{name} must be distinct step indices in [0, {steps}), got {value}"
-        )
+        raise _invalid(f"{name} must be distinct step indices in [0, {steps}), got {value}")
     return tuple(value)

@@ -113,12 +113,16 @@ def build_sample(request: RolloutRequest, *, index: int, config: StandInConfig) 
     if request.return_dit_trajectory:
         latents = _tiled(block, (steps + 1, *latent), dtype)
         latents.view(-1)[0] = float(sample_seed)
-        trajectory: dict[str, Any] = {"latents": latents, "timesteps": sigmas[:steps] * 1000.0}
-        if config.wire == "msgpack":
-            trajectory["sigmas"] = sigmas
-        sample["dit_trajectory"] = trajectory
+        sample["dit_trajectory"] = {
+            "latents": latents,
+            "timesteps": sigmas[:steps] * 1000.0,
+            "sigmas": sigmas,
+        }
     sample["inference_time_s"] = steps * config.step_latency_s
+    # Counted before the JSON form drops sigmas: the engine's memory does not depend on it.
     sample["peak_memory_mb"] = round(_tensor_bytes(sample) / (1 << 20), 6)
+    if config.wire == "json" and sample["dit_trajectory"] is not None:
+        del sample["dit_trajectory"]["sigmas"]
     return sample
 
 

@@ -1,103 +1,19 @@
-"""Test-only engines on 127.0.0.1: a scripted aiohttp app, and a raw socket server for broken answers."""
+"""Fixtures of the engine tests: test-only servers on 127.0.0.1 (see engine_fakes)."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
-import anyio
 import pytest
-from aiohttp import web
 
-#: Seconds the test servers wait for open handlers when they stop (handlers here are short).
-SHUTDOWN_TIMEOUT_S = 0.2
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One scripted answer: status, body, content type, a delay before answering, chunking."""
-
-    status: int = 200
-    body: bytes = b""
-    content_type: str = "application/octet-stream"
-    delay_s: float = 0.0
-    #: Send the body with chunked transfer encoding (no Content-Length), in this many pieces.
-    chunks: int = 0
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A request as the server received it."""
-
-    method: str
-    path: str
-    body: bytes
-    headers: dict[str, str]
-
-
-class ScriptedEngine:
-    """An aiohttp app answering each path from a queue of replies, then from a default."""
-
-    def __init__(self) -> None:
-        self.url = ""
-        self.seen: list[Seen] = []
-        self.queues: dict[str, deque[Reply]] = defaultdict(deque)
-        self.defaults: dict[str, Reply] = {"/health": Reply(200)}
-
-    def script(self, path: str, *replies: Reply) -> None:
-        """Answer the next requests to ``path`` with ``replies``, in order."""
-        self.queues[path].extend(replies)
-
-    def count(self, path: str) -> int:
-        """Requests received on ``path``."""
-        return sum(1 for seen in self.seen if seen.path == path)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.seen.append(Seen(request.method, request.path, body, dict(request.headers)))
-        queue = self.queues[request.path]
-        reply = queue.popleft() if queue else self.defaults.get(request.path, Reply(404, b"no route"))
-        if reply.delay_s:
-            await anyio.sleep(reply.delay_s)
-        if not reply.chunks:
-            return web.Response(
-                status=reply.status,
-                body=reply.body,
-                content_type=reply.content_type,
-                headers=dict(reply.headers),
-            )
-        response = web.StreamResponse(status=reply.status, headers=dict(reply.headers))
-        response.content_type = reply.content_type
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        step = -(-len(reply.body) // reply.chunks)
-        for start in range(0, len(reply.body), step):
-            await response.write(reply.body[start : start + step])
-        await response.write_eof()
-        return response
-
-
-def _listening_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-async def start_engine(engine: ScriptedEngine) -> web.AppRunner:
-    """Serve ``engine`` on a free port of 127.0.0.1 and set ``engine.url``."""
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", engine.handle)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-    await runner.setup()
-    sock = _listening_socket()
-    await web.SockSite(runner, sock).start()
-    engine.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    return runner
+from tests.engine.engine_fakes import (
+    RawEngine,
+    RawHandler,
+    ScriptedEngine,
+    listening_socket,
+    start_engine,
+)
 
 
 @pytest.fixture
@@ -111,33 +27,6 @@ async def engine() -> AsyncIterator[ScriptedEngine]:
         await runner.cleanup()
 
 
-RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-class RawEngine:
-    """A bare TCP server: ``answer`` gets the socket after the request head was read."""
-
-    def __init__(self, answer: RawHandler) -> None:
-        self.answer = answer
-        self.connections = 0
-        self.url = ""
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.tasks.add(task)  # type: ignore[arg-type]
-        self.connections += 1
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    await reader.readexactly(int(line.split(b":")[1]))
-            await self.answer(reader, writer)
-        finally:
-            writer.close()
-
-
 @pytest.fixture
 async def raw_engine() -> AsyncIterator[Callable[[RawHandler], Awaitable[RawEngine]]]:
     """Start a :class:`RawEngine` with a given answer; stopped at the end of the test."""
@@ -145,7 +34,7 @@ async def raw_engine() -> AsyncIterator[Callable[[RawHandler], Awaitable[RawEngi
 
     async def start(answer: RawHandler) -> RawEngine:
         raw = RawEngine(answer)
-        server = await asyncio.start_server(raw.serve, sock=_listening_socket())
+        server = await asyncio.start_server(raw.serve, sock=listening_socket())
         started.append((server, raw))
         raw.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         return raw
@@ -161,7 +50,7 @@ async def raw_engine() -> AsyncIterator[Callable[[RawHandler], Awaitable[RawEngi
 @pytest.fixture
 def refused_url() -> str:
     """A URL of 127.0.0.1 where nothing listens (connections are refused)."""
-    sock = _listening_socket()
+    sock = listening_socket()
     port = sock.getsockname()[1]
     sock.close()
     return f"http://127.0.0.1:{port}"

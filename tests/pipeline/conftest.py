@@ -17,7 +17,9 @@ def anyio_backend() -> tuple[str, dict[str, object]]:
 
 @pytest.fixture(scope="module")
 async def parser() -> AsyncIterator[ParserPool]:
-    config = ParserPoolConfig(workers=2, arena=ArenaConfig(size_bytes=64 << 20, page_bytes=16 << 10))
+    config = ParserPoolConfig(
+        workers=2, arena=ArenaConfig(size_bytes=64 << 20, page_bytes=16 << 10)
+    )
     async with ParserPool(config) as pool:
         yield pool
 

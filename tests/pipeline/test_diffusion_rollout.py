@@ -37,7 +37,9 @@ async def rollout_over(
     rewards: Mapping[str, Any],
     **kwargs: Any,
 ) -> AsyncIterator[DiffusionRollout]:
-    config_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionRolloutConfig.__dataclass_fields__}
+    config_kwargs = {
+        k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionRolloutConfig.__dataclass_fields__
+    }
     config = DiffusionRolloutConfig(
         n_samples_per_prompt=config_kwargs.pop("n_samples_per_prompt", 5),
         microgroup_size=config_kwargs.pop("microgroup_size", 2),
@@ -45,16 +47,24 @@ async def rollout_over(
         **config_kwargs,
     )
     client_config = EngineClientConfig(retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01))
-    async with EngineClient(client_config) as client, Router(urls, client, RouterConfig()) as router:
+    async with (
+        EngineClient(client_config) as client,
+        Router(urls, client, RouterConfig()) as router,
+    ):
         yield DiffusionRollout(
             config=config, client=client, router=router, parser=parser, rewards=rewards, **kwargs
         )
 
 
-def expected(sample: Sample, request_seed: int, position: int, wire: str = "msgpack") -> dict[str, Any]:
+def expected(
+    sample: Sample, request_seed: int, position: int, wire: str = "msgpack"
+) -> dict[str, Any]:
     request = {"prompt": sample.prompt, "seed": request_seed, "num_inference_steps": 3}
     return synthetic_sample(
-        seed=request_seed, sample_index_in_request=position, request=request, config=StandInConfig(wire=wire)
+        seed=request_seed,
+        sample_index_in_request=position,
+        request=request,
+        config=StandInConfig(wire=wire),
     )
 
 
@@ -62,7 +72,7 @@ def check_tensors(result: RolloutResult, n: int, microgroup: int, wire: str = "m
     for sample in result.samples:
         j = sample.index % n
         position = j % microgroup
-        request_seed = (sample.index - position)  # seeds default to index (seed=0)
+        request_seed = sample.index - position  # seeds default to index (seed=0)
         assert sample.seed == request_seed + position
         want = expected(sample, request_seed, position, wire)
         assert sample.dit_trajectory is not None
@@ -99,7 +109,9 @@ async def test_rollout_over_two_engines_returns_every_sample_from_its_seed(
         assert span.generate_start <= span.generate_end <= span.deserialize_end <= span.reward_end
     metrics = result.metrics
     assert metrics["perf/rollout_time"] > 0 and metrics["rollout/samples"] == 15
-    assert "perf/parser_max_queue_depth" in metrics and "perf/reward_max_queue_depth_mean" in metrics
+    assert (
+        "perf/parser_max_queue_depth" in metrics and "perf/reward_max_queue_depth_mean" in metrics
+    )
     assert "perf/reward_max_queue_depth_slow" not in metrics  # pools that did not run: absent
 
 
@@ -112,9 +124,10 @@ async def test_every_transport_gives_the_same_tensors(
         "fetch_in_parser": mode == "fetch_in_parser",
         "transport": "inline" if mode.startswith("inline") else "pool",
     }
-    async with StandInEngine(StandInConfig(wire=wire)) as engine:
-        async with rollout_over([engine.url], parser, reward_pools, reward="mean", **options) as rollout:
-            result = await rollout.run(PROMPTS[:2])
+    async with StandInEngine(StandInConfig(wire=wire)) as engine, rollout_over(
+        [engine.url], parser, reward_pools, reward="mean", **options
+    ) as rollout:
+        result = await rollout.run(PROMPTS[:2])
     assert not result.failed
     check_tensors(result, n=5, microgroup=2, wire=wire)
 
@@ -144,7 +157,9 @@ async def test_group_reward_sees_whole_groups_and_rm_type_overrides_the_kind(
         result = await rollout.run(prompts)
     assert all(s.reward == -1.0 for s in result.groups[1])
     assert all(s.reward != -1.0 for s in result.groups[0])
-    async with rollout_over([engines[0].url], parser, reward_pools, group_reward="group") as rollout:
+    async with rollout_over(
+        [engines[0].url], parser, reward_pools, group_reward="group"
+    ) as rollout:
         grouped = await rollout.run(prompts)
     assert all(s.reward == {"group_size": 5.0, "seed": float(s.seed)} for s in grouped.samples)
 
@@ -207,7 +222,12 @@ async def test_a_bad_answer_fails_its_microgroup_only(
     engine = engines[0]
     engine.faults.update(fault)
     async with rollout_over(
-        [engine.url], parser, reward_pools, reward="mean", max_inflight_per_engine=1, fetch_in_parser=fetch_in_parser
+        [engine.url],
+        parser,
+        reward_pools,
+        reward="mean",
+        max_inflight_per_engine=1,
+        fetch_in_parser=fetch_in_parser,
     ) as rollout:
         result = await rollout.run(PROMPTS[:2])
     failed = result.failed
@@ -251,15 +271,21 @@ async def test_a_raising_reward_fails_only_its_samples_naming_engine_and_request
 async def test_an_unknown_dtype_is_a_codec_error_naming_the_field(
     parser: ParserPool, reward_pools: dict[str, RewardPool]
 ) -> None:
+    import msgpack
     from aiohttp import web
 
-    from tests.pools.bodies import items
     from miles_lite.codecs.encode import encode_tensor_map
-    import msgpack
+    from tests.pools.bodies import items
 
     sample = items(1, n=1)[0]
-    sample["generated_output"] = {**encode_tensor_map(torch.zeros(2)), "dtype": "torch.complex_thing"}
-    raw = msgpack.packb([{**{k: v for k, v in sample.items() if k != "dit_trajectory"}}], default=lambda t: encode_tensor_map(t))
+    sample["generated_output"] = {
+        **encode_tensor_map(torch.zeros(2)),
+        "dtype": "torch.complex_thing",
+    }
+    raw = msgpack.packb(
+        [{**{k: v for k, v in sample.items() if k != "dit_trajectory"}}],
+        default=lambda t: encode_tensor_map(t),
+    )
 
     async def handle(request: web.Request) -> web.Response:
         return web.Response(body=raw, content_type="application/msgpack")
@@ -276,13 +302,17 @@ async def test_an_unknown_dtype_is_a_codec_error_naming_the_field(
     await site.start()
     url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     try:
-        async with rollout_over([url], parser, {}, n_samples_per_prompt=1, microgroup_size=1) as rollout:
+        async with rollout_over(
+            [url], parser, {}, n_samples_per_prompt=1, microgroup_size=1
+        ) as rollout:
             result = await rollout.run(PROMPTS[:1])
     finally:
         await runner.cleanup()
     (sample_out,) = result.failed
     assert isinstance(sample_out.error, CodecError)
-    assert "torch.complex_thing" in str(sample_out.error) and "generated_output" in str(sample_out.error)
+    assert "torch.complex_thing" in str(sample_out.error) and "generated_output" in str(
+        sample_out.error
+    )
     assert sample_out.error.url == url
 
 

@@ -280,3 +280,16 @@ def test_the_default_request_is_json() -> None:
     body = encode_samples(samples(0))
     assert json.loads(json.dumps(body)) == body
     assert decode_scores({"scores": [1, 2]}) == [1, 2]
+
+
+async def test_a_cancelled_call_frees_its_slot() -> None:
+    server = ScoreServer(delay_s=0.3)
+    async with serve(server) as url, ApiScorer(url, max_concurrency=1) as scorer:
+        with anyio.move_on_after(0.05):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(scorer.score, samples(0))
+                tg.start_soon(scorer.score, samples(1))  # waits for the slot
+        stats = scorer.stats()
+        assert (stats.in_flight, stats.waiting, stats.max_waiting) == (0, 0, 1)
+        server.delay_s = 0.0
+        assert await scorer.score(samples(2)) == [0.2]
