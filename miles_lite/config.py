@@ -85,7 +85,9 @@ class DiffusionRolloutConfig:
       sample; sample ``i`` of a microgroup gets ``request seed + i`` (as in miles).
     - ``transport``: ``"pool"`` decodes in the parser pool, ``"inline"`` on the event loop
       (zero-copy for msgpack; base64/JSON inline is the slow baseline).
-    - ``fetch_in_parser``: the parser worker posts the request and reads the body itself.
+    - ``fetch_in_parser``: the parser worker posts the request and reads the body itself;
+      it is busy for the whole generation, so the parser pool needs a worker per request
+      in flight (``DiffusionRollout.open`` sizes it so).
     - ``reward``: the default reward kind (a key of the rollout's reward pools), overridden
       per sample by ``metadata["rm_type"]``; ``group_reward``: a kind scored once per
       whole group after its microgroups land (``group_rm``); ``None``: no reward.

@@ -93,6 +93,8 @@ def decode_msgpack(body: memoryview, *, align: bool = False) -> DecodedBody:
     writable, and 64-byte aligned in memory for the tensors to be aligned in memory).
     """
     body = body.cast("B") if body.format != "B" else body
+    if align and body.readonly:
+        raise CodecError("align=True needs a writable body (the tensors are moved in place)")
     top = read_msgpack(body)
 
     def tensor(value: dict[str, Any], path: str) -> TensorRef:
@@ -125,16 +127,20 @@ def decode_json(body: bytes | bytearray | memoryview) -> DecodedBody:
     """
     try:
         top = json.loads(body if not isinstance(body, memoryview) else bytes(body))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CodecError(f"malformed JSON body ({exc})") from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise CodecError(f"malformed JSON body ({type(exc).__name__}: {str(exc)[:200]})") from exc
     blobs: list[tuple[int, bytes]] = []
     cursor = 0
 
     def tensor(value: dict[str, Any], path: str) -> TensorRef:
         nonlocal cursor
         data = value.get("data")
+        if not isinstance(data, str | list):
+            raise CodecError(
+                f"tensor data is not base64 text (got {type(data).__name__})", path=path
+            )
         try:
-            raw = base64.b64decode(data, validate=True) if isinstance(data, str) else bytes(data)  # type: ignore[arg-type]
+            raw = base64.b64decode(data, validate=True) if isinstance(data, str) else bytes(data)
         except (binascii.Error, TypeError, ValueError) as exc:
             raise CodecError(f"tensor data is not base64 ({exc})", path=path) from exc
         view = memoryview(raw)
@@ -177,13 +183,18 @@ def _items(top: Any, tensor: _TensorFn, body: memoryview | None) -> list[Any]:
     return out
 
 
-def _walk(value: Any, path: str, tensor: _TensorFn, body: memoryview | None) -> Any:
+_MAX_DEPTH = 64
+
+
+def _walk(value: Any, path: str, tensor: _TensorFn, body: memoryview | None, depth: int = 0) -> Any:
+    if depth > _MAX_DEPTH:
+        raise CodecError(f"body nests deeper than {_MAX_DEPTH} levels", path=path)
     if isinstance(value, dict):
         if is_tensor_map(value):
             return tensor(value, path)
-        return {k: _walk(v, f"{path}.{k}", tensor, body) for k, v in value.items()}
+        return {k: _walk(v, f"{path}.{k}", tensor, body, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [_walk(v, f"{path}[{i}]", tensor, body) for i, v in enumerate(value)]
+        return [_walk(v, f"{path}[{i}]", tensor, body, depth + 1) for i, v in enumerate(value)]
     if isinstance(value, Span) and body is not None:
         return bytes(body[value.start : value.stop])
     return value

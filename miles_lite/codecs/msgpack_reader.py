@@ -156,6 +156,10 @@ def _map(body: memoryview, pos: int, n: int, depth: int) -> tuple[dict[Any, Any]
         key, pos = _read(body, pos, depth + 1)
         if isinstance(key, Span):
             key = bytes(body[key.start : key.stop])
+        if isinstance(key, list | dict):
+            raise CodecError(
+                f"msgpack map key must be a scalar, got {type(key).__name__}", offset=pos
+            )
         value, pos = _read(body, pos, depth + 1)
         out[key] = value
     return out, pos

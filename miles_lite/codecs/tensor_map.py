@@ -69,7 +69,7 @@ def parse_safetensors(data: memoryview, *, dtype: str, shape: Any, path: str) ->
     if known is None:
         raise CodecError(f"unknown tensor dtype {dtype!r}", path=path)
     code, itemsize = known
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise CodecError(
             f"tensor shape must be a list of non-negative ints, got {shape!r}", path=path
         )
@@ -85,8 +85,10 @@ def parse_safetensors(data: memoryview, *, dtype: str, shape: Any, path: str) ->
         entry = header["t"]
         begin, end = entry["data_offsets"]
         st_code, st_shape = entry["dtype"], entry["shape"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CodecError(f"malformed safetensors header ({exc!r})", path=path) from exc
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CodecError(f"malformed safetensors header ({type(exc).__name__})", path=path) from exc
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in (begin, end)):
+        raise CodecError(f"safetensors data_offsets must be ints, got {[begin, end]!r}", path=path)
     if st_code != code:
         raise CodecError(
             f"dtype {dtype!r} disagrees with the safetensors dtype {st_code!r}", path=path
@@ -104,6 +106,10 @@ def parse_safetensors(data: memoryview, *, dtype: str, shape: Any, path: str) ->
             path=path,
         )
     return start, stop
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def wire_dtype_of_code(code: str) -> str | None:

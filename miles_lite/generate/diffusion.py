@@ -19,7 +19,7 @@ from miles_lite.config import DiffusionRolloutConfig
 from miles_lite.engine import EngineClient, RawResponse, Router, retry_call
 from miles_lite.errors import CodecError, EngineProtocolError
 from miles_lite.generate.contract import GenerateFnInput
-from miles_lite.pools.arena import Lease
+from miles_lite.pools.arena import Arena, Lease
 from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.pools.parser_worker import FetchRequest
 from miles_lite.types import DiTTrajectory, Sample, SampleStatus
@@ -38,6 +38,9 @@ class DiffusionState:
     router: Router
     parser: ParserPool | None
     rand: random.Random
+    #: Where bodies read by the main process land: the parser pool's arena, or (inline
+    #: transport) one of the rollout's own; None: fresh memory per body.
+    arena: Arena | None = None
 
 
 def build_request(samples: list[Sample], sampling_params: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +94,7 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
         items = parsed.items
         spans["wire_bytes"] = parsed.wire_bytes
     else:
-        into = state.parser.allocate if state.parser is not None and state.parser.arena else None
+        into = state.arena.lease if state.arena is not None else None
 
         async def post_once() -> RawResponse:
             async with state.router.lease() as url:
@@ -100,9 +103,7 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
                     url, PATH, payload, request_id=rid, into=into, timeout_s=cfg.request_timeout_s
                 )
 
-        # The client retries inside one lease; this outer retry moves to another engine
-        # only when the router takes this one out of rotation.
-        raw = await post_once()
+        raw = await post_once()  # the client retries retryable failures on this engine
         spans["generate_end"] = spans["deserialize_start"] = time.monotonic()
         spans["wire_bytes"] = len(raw.body)
         items = await _deserialize(state, raw, rid)
@@ -126,21 +127,23 @@ async def _deserialize(state: DiffusionState, raw: RawResponse, rid: str) -> lis
         body = owner if isinstance(owner, Lease) else bytes(raw.body)
         parsed = await parser.parse(body, raw.content_type, url=raw.url, request_id=rid)
         return parsed.items
+    # Inline: zero-copy for msgpack (microseconds on the loop); base64/JSON here is the
+    # slow baseline the transport benchmark measures.
     try:
-        # Inline: zero-copy for msgpack (microseconds); base64/JSON here is the slow
-        # baseline the transport benchmark measures.
-        if isinstance(owner, Lease):
-            decoded = decode_body(raw.body, raw.content_type)
-            if decoded.in_place:
-                return materialize(decoded.items, owner.array)  # type: ignore[no-any-return]
-            out = bytearray(decoded.nbytes)
-            decoded.fill(memoryview(out))
-            owner.release()
-            return materialize(decoded.items, out)  # type: ignore[no-any-return]
-        return decode_to_tensors(raw.body, raw.content_type)
+        if not isinstance(owner, Lease):
+            return decode_to_tensors(raw.body, raw.content_type)
+        decoded = decode_body(raw.body, raw.content_type)
     except CodecError as exc:
+        if isinstance(owner, Lease):
+            owner.release()
         exc.with_context(url=raw.url, request_id=rid)
         raise
+    if decoded.in_place:
+        return materialize(decoded.items, owner.array)  # type: ignore[no-any-return]
+    out = bytearray(decoded.nbytes)
+    decoded.fill(memoryview(out))
+    owner.release()
+    return materialize(decoded.items, out)  # type: ignore[no-any-return]
 
 
 def _need_parser(state: DiffusionState) -> ParserPool:

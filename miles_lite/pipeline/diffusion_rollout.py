@@ -9,6 +9,7 @@ rest of the rollout goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from miles_lite.errors import GenerateError, MilesLiteError, RewardError
 from miles_lite.generate.contract import GenerateFn, GenerateFnInput
 from miles_lite.generate.diffusion import DiffusionState, generate_diffusion
 from miles_lite.pipeline.spans import MicrogroupSpan, span_metrics
+from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool, RewardPoolLike
 from miles_lite.types import Sample, SampleStatus
@@ -80,7 +82,8 @@ class DiffusionRollout:
     - ``rewards``: reward pools by kind (``config.reward``/``group_reward`` and
       ``metadata["rm_type"]`` name them);
     - ``dynamic_filter``: ``(group) -> keep?``;
-    - ``progress``: show a tqdm bar of finished samples.
+    - ``progress``: show a tqdm bar of finished samples;
+    - ``arena``: where bodies the main process reads land (default: the parser pool's).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class DiffusionRollout:
         generate: GenerateFn | None = None,
         dynamic_filter: GroupFilter | None = None,
         progress: bool = False,
+        arena: Arena | None = None,
     ) -> None:
         self.config = config
         self.rewards = dict(rewards or {})
@@ -106,7 +110,12 @@ class DiffusionRollout:
         self.dynamic_filter = dynamic_filter
         self.progress = progress
         self.state = DiffusionState(
-            config=config, client=client, router=router, parser=parser, rand=random.Random()
+            config=config,
+            client=client,
+            router=router,
+            parser=parser,
+            rand=random.Random(),
+            arena=arena if arena is not None else (parser.arena if parser is not None else None),
         )
 
     @classmethod
@@ -125,6 +134,10 @@ class DiffusionRollout:
     ) -> AsyncIterator[DiffusionRollout]:
         """Build every part, yield a rollout, close every part on exit.
 
+        With ``fetch_in_parser`` the parser pool gets at least ``len(engine_urls) *
+        max_inflight_per_engine`` workers: a worker is busy for the whole generation of the
+        request it fetches (parser workers do not import torch: each costs ~20 MB).
+
         ``rewards`` maps a kind to a reward function (run in a :class:`RewardPool` of
         ``reward_workers`` processes), an async scorer with ``score`` (an
         :class:`ApiRewardPool`), or a ready pool. Other keywords go to the constructor.
@@ -134,8 +147,20 @@ class DiffusionRollout:
             client = await stack.enter_async_context(EngineClient(client_config))
             router = await stack.enter_async_context(Router(engine_urls, client, router_config))
             parser = None
+            arena = None
             if config.transport == "pool" or config.fetch_in_parser:
+                parser_config = parser_config or ParserPoolConfig()
+                if config.fetch_in_parser:
+                    # Each generation in flight holds a worker while the engine works.
+                    needed = min(254, len(engine_urls) * config.max_inflight_per_engine)
+                    if parser_config.workers < needed:
+                        parser_config = dataclasses.replace(parser_config, workers=needed)
                 parser = await stack.enter_async_context(ParserPool(parser_config))
+                arena = parser.arena
+            elif parser_config is None or parser_config.arena is not None:
+                # Inline decoding still reads bodies into reused, pre-faulted memory.
+                arena_config = parser_config.arena if parser_config else ArenaConfig()
+                arena = await stack.enter_async_context(await Arena.create(arena_config))
             pools: dict[str, RewardPoolLike] = {}
             for kind, spec in (rewards or {}).items():
                 if hasattr(spec, "measure") and hasattr(spec, "score"):
@@ -144,10 +169,16 @@ class DiffusionRollout:
                     pools[kind] = ApiRewardPool(kind, spec)
                 else:
                     pools[kind] = await stack.enter_async_context(
-                        RewardPool(kind, spec, workers=reward_workers)
+                        RewardPool(kind, spec, workers=reward_workers, arena=arena)
                     )
             yield cls(
-                config=config, client=client, router=router, parser=parser, rewards=pools, **kwargs
+                config=config,
+                client=client,
+                router=router,
+                parser=parser,
+                rewards=pools,
+                arena=arena,
+                **kwargs,
             )
 
     def make_groups(self, prompts: Sequence[str | PromptGroup]) -> list[list[Sample]]:

@@ -31,13 +31,22 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import numpy as np
 
 from miles_lite.errors import ArenaError, ClosedResourceError, ConfigError
 
-__all__ = ["Allocation", "Arena", "ArenaConfig", "ArenaHandle", "Lease", "WorkerArena"]
+__all__ = [
+    "Allocation",
+    "Arena",
+    "ArenaConfig",
+    "ArenaHandle",
+    "ArenaTensor",
+    "Lease",
+    "WorkerArena",
+]
 
 FREE = 0
 PARENT = 1
@@ -105,6 +114,17 @@ class Allocation:
     @property
     def nbytes(self) -> int:
         return self.n_pages * self.page_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaTensor:
+    """A contiguous tensor that lies in the arena, named by place: ``nbytes`` at ``offset``
+    of the data area. Pickles in bytes, whatever the tensor's size."""
+
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
 
 
 class _PageTable:
@@ -309,6 +329,21 @@ class Arena:
             Allocation(allocation.first_page, keep, allocation.page_bytes), used_bytes
         )
 
+    def tensor_ref(self, tensor: Any) -> ArenaTensor | None:
+        """Where ``tensor`` lies in the arena, or None (not in it, or not contiguous).
+
+        Lets another attached process read the tensor without its bytes being copied; the
+        caller keeps ``tensor`` alive until the reader is done.
+        """
+        if self._closed or not tensor.is_contiguous() or tensor.device.type != "cpu":
+            return None
+        base = self._data.ctypes.data
+        offset = tensor.data_ptr() - base
+        nbytes = tensor.numel() * tensor.element_size()
+        if offset < 0 or offset + nbytes > len(self._data):
+            return None
+        return ArenaTensor(offset, nbytes, str(tensor.dtype), tuple(tensor.shape))
+
     def discard(self, allocation: Allocation) -> None:
         """Free an allocation nobody will use (a worker result that arrived too late)."""
         if not self._closed:
@@ -381,8 +416,9 @@ def _free_pages(arena: Arena, first: int, n_pages: int) -> None:
 class WorkerArena:
     """A worker process's side of an arena: allocate, write, hand over by page numbers."""
 
-    def __init__(self, handle: ArenaHandle, tag: int) -> None:
-        if not FIRST_WORKER_TAG <= tag <= LAST_WORKER_TAG:
+    def __init__(self, handle: ArenaHandle, tag: int | None) -> None:
+        # tag None: a reader (reward workers), which never allocates.
+        if tag is not None and not FIRST_WORKER_TAG <= tag <= LAST_WORKER_TAG:
             raise ArenaError(f"worker tag must be in [2, 255], got {tag}")
         self.tag = tag
         self.handle = handle
@@ -400,6 +436,8 @@ class WorkerArena:
 
     def alloc(self, nbytes: int, *, timeout_s: float) -> Allocation:
         """Allocate ``nbytes`` for this worker, waiting up to ``timeout_s`` for space."""
+        if self.tag is None:
+            raise ArenaError("this worker attached to the arena as a reader")
         n_pages = self._table.pages_for(nbytes)
         if n_pages > self.handle.n_pages:
             raise ArenaError(
@@ -416,6 +454,13 @@ class WorkerArena:
                 raise ArenaError(f"no {nbytes} bytes free in the arena within {timeout_s} s")
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
+
+    def tensor(self, ref: ArenaTensor) -> Any:
+        """A tensor viewing the bytes ``ref`` names (valid while the owner keeps them)."""
+        from miles_lite.codecs.tensor_map import TensorRef
+        from miles_lite.codecs.tensors import materialize
+
+        return materialize(TensorRef(ref.offset, ref.nbytes, ref.dtype, ref.shape), self._data)
 
     def free(self, allocation: Allocation) -> None:
         """Give back an allocation this worker will not hand over (on error)."""

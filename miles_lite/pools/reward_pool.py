@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import cloudpickle
 
 from miles_lite.errors import MilesLiteError, RewardError
+from miles_lite.pools.arena import Arena, ArenaHandle, ArenaTensor, WorkerArena
 from miles_lite.pools.worker_pool import (
     ExecutorFactory,
     PoolWindow,
@@ -48,14 +49,20 @@ class RewardPoolLike(Protocol):
         ...
 
 
-def reward_view(sample: Sample) -> Sample:
+def reward_view(sample: Sample, arena: Arena | None = None) -> Sample:
     """The sample as a reward function sees it: the trajectory tensors left behind.
 
     Rewards score the output (``generated_output``), prompt, label and metadata; the
-    per-step tensors (often most of the bytes) would only cost pickling time.
+    per-step tensors (often most of the bytes) would only cost pickling time. With an
+    ``arena``, a ``generated_output`` lying in it travels as its place (an
+    :class:`ArenaTensor`), not its bytes; the worker views the same memory.
     """
+    output: Any = sample.generated_output
+    if arena is not None and output is not None:
+        output = arena.tensor_ref(output) or output
     return dataclasses.replace(
         sample,
+        generated_output=output,
         rollout_debug_tensors=None,
         denoising_env=None,
         dit_trajectory=None,
@@ -64,11 +71,15 @@ def reward_view(sample: Sample) -> Sample:
     )
 
 
-_REWARD_FN: RewardFn | None = None  # set in each worker process by _install
+# This worker process's reward function and arena view, set by _install when it starts.
+_REWARD_FN: RewardFn | None = None
+_ARENA: WorkerArena | None = None
 
 
-def _install(index: int, blob: bytes) -> None:
-    global _REWARD_FN
+def _install(index: int, blob: bytes, handle: ArenaHandle | None) -> None:
+    global _REWARD_FN, _ARENA
+    if handle is not None:
+        _ARENA = WorkerArena(handle, tag=None)
     # Rewards score tensors: import torch now (once, about 1 s) with one thread per worker,
     # rather than inside the first rollout's first call.
     import torch
@@ -84,6 +95,11 @@ def _install(index: int, blob: bytes) -> None:
 def _score(samples: list[Sample]) -> list[Any]:
     if _REWARD_FN is None:
         raise RuntimeError("reward worker used before its function was installed")
+    for sample in samples:
+        if isinstance(sample.generated_output, ArenaTensor):
+            if _ARENA is None:
+                raise RuntimeError("a sample refers to an arena this worker is not attached to")
+            sample.generated_output = _ARENA.tensor(sample.generated_output)
     return list(_REWARD_FN(samples))
 
 
@@ -91,6 +107,8 @@ class RewardPool:
     """``workers`` processes scoring with ``fn``; use as ``async with RewardPool(...)``.
 
     ``fn`` is pickled once (cloudpickle) and installed in every worker when it starts.
+    With ``arena`` (a parser pool's), workers attach to it and outputs lying in it reach
+    them without a copy.
     """
 
     def __init__(
@@ -101,16 +119,19 @@ class RewardPool:
         workers: int = 1,
         executor_factory: ExecutorFactory | None = None,
         start_method: str = "forkserver",
+        arena: Arena | None = None,
     ) -> None:
         self.name = name
         self.fn = fn
+        self.arena = arena
         blob = cloudpickle.dumps(fn)
+        handle = arena.handle if arena is not None else None
         self._pool = WorkerPool(
             f"reward:{name}",
             workers=workers,
             executor_factory=executor_factory or process_executor_factory(start_method),
             initializer=_install,
-            initargs_for=lambda _i: (blob,),
+            initargs_for=lambda _i: (blob, handle),
         )
 
     async def __aenter__(self) -> RewardPool:
@@ -138,8 +159,12 @@ class RewardPool:
         Raises :class:`RewardError` (with the cause) when the function raises, returns the
         wrong number of scores, or its worker dies.
         """
+        views = [reward_view(s, self.arena) for s in samples]
         try:
-            scores = await self._pool.run(_score, [reward_view(s) for s in samples])
+            # The samples stay referenced until a cancelled call ends: the worker reads them.
+            scores = await self._pool.run(
+                _score, views, after_cancel=lambda _result, _keep=samples: None
+            )
         except MilesLiteError as exc:
             raise RewardError(f"reward {self.name!r} failed: {exc}") from exc
         return _checked(self.name, scores, samples)

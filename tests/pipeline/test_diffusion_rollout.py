@@ -124,9 +124,10 @@ async def test_every_transport_gives_the_same_tensors(
         "fetch_in_parser": mode == "fetch_in_parser",
         "transport": "inline" if mode.startswith("inline") else "pool",
     }
-    async with StandInEngine(StandInConfig(wire=wire)) as engine, rollout_over(
-        [engine.url], parser, reward_pools, reward="mean", **options
-    ) as rollout:
+    async with (
+        StandInEngine(StandInConfig(wire=wire)) as engine,
+        rollout_over([engine.url], parser, reward_pools, reward="mean", **options) as rollout,
+    ):
         result = await rollout.run(PROMPTS[:2])
     assert not result.failed
     check_tensors(result, n=5, microgroup=2, wire=wire)
@@ -324,3 +325,36 @@ async def test_a_cancelled_rollout_leaves_nothing_behind(parser: ParserPool) -> 
         await anyio.sleep(1.0)  # answers still arriving are freed as they land
     gc.collect()
     assert parser.arena is not None and parser.arena.used_bytes == 0
+
+
+async def test_tensors_held_across_rollouts_stay_intact_and_released_space_is_reused(
+    reward_pools: dict[str, RewardPool],
+) -> None:
+    # An arena that holds about two rollouts: the first one's tensors, still held, must not
+    # be overwritten by the second; once dropped, their space serves a third.
+    from miles_lite.pools import ArenaConfig, ParserPoolConfig
+
+    engine_config = StandInConfig(latent_height=32, latent_width=32)
+    config = ParserPoolConfig(workers=2, arena=ArenaConfig(size_bytes=4 << 20, page_bytes=16 << 10))
+    async with StandInEngine(engine_config) as engine, ParserPool(config) as small:
+        assert small.arena is not None
+        async with rollout_over([engine.url], small, {}, n_samples_per_prompt=2, seed=0) as rollout:
+            first = await rollout.run(PROMPTS)
+        kept = {s.index: s.dit_trajectory.latents.clone() for s in first.samples}  # type: ignore[union-attr]
+        held = small.arena.used_bytes
+        assert held > 1 << 20
+        async with rollout_over(
+            [engine.url], small, {}, n_samples_per_prompt=2, seed=1000
+        ) as rollout:
+            second = await rollout.run(PROMPTS)
+        assert not second.failed
+        for sample in first.samples:
+            assert torch.equal(sample.dit_trajectory.latents, kept[sample.index])  # type: ignore[union-attr]
+        del first, second, sample
+        gc.collect()
+        assert small.arena.used_bytes == 0
+        async with rollout_over(
+            [engine.url], small, {}, n_samples_per_prompt=2, seed=2000
+        ) as rollout:
+            third = await rollout.run(PROMPTS)
+        assert not third.failed and small.arena.used_bytes <= held + (64 << 10)

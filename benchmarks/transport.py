@@ -1,0 +1,539 @@
+"""Transport benchmark: the same diffusion rollout over every transport, side by side, in one run.
+
+Modes (stand-in SGLang-diffusion engines in their own processes, fixed per-step latency):
+
+- ``json-inline``   base64/JSON decoded on the event loop: the naive path miles started from
+- ``json-pool``     base64/JSON decoded in the parser pool (body read into the arena)
+- ``msgpack-pool``  msgpack decoded in place in the parser pool (body read into the arena)
+- ``msgpack-fetch`` msgpack, ``fetch_in_parser``: workers fetch straight into the arena
+- ``msgpack-inline`` msgpack read into the arena by the main process, zero-copy decode on the loop
+- ``gen-only``      tiny bodies, same latency: the lower bound of the rollout time
+
+Per mode (a warm-up rollout, then ``--repeats`` pairs of rollouts: one with the lag ticker
+and memory sampler, one bare for the CPU reading; the best time of all): ``perf/rollout_time``, its ratio to the naive mode, pipeline efficiency (lower
+bound / rollout time), GB of tensors delivered, main-process CPU seconds per GB, event-loop
+lag (a 1 ms ticker: p50/p99/max), peak memory (PSS) of the client processes (main + pool
+workers) and of the engines, ``perf/parser_max_queue_depth``, bytes on the wire. Prints a
+table and one JSON line; writes a PNG chart. Also measures the worker -> main hand-off of a
+decoded body against a plain memcpy.
+
+    python benchmarks/transport.py --quick      # under a minute
+    python benchmarks/transport.py              # the default workload (a few GB a rollout)
+
+Engines answer repeated identical requests from a body cache (``StandInConfig.
+body_cache_bytes``): a warm-up rollout fills it, so their encoding CPU does not compete
+with the client on this 2-core machine during the measured rollouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import torch
+
+from miles_lite import (
+    ArenaConfig,
+    DiffusionRollout,
+    DiffusionRolloutConfig,
+    DiffusionSamplingParams,
+    EngineClientConfig,
+    ParserPoolConfig,
+    RetryPolicy,
+    RolloutResult,
+    Sample,
+    run_sync,
+)
+from miles_lite.testing import EngineProcessGroup, StandInConfig
+
+MODES: dict[str, dict[str, Any]] = {
+    "json-inline": {"wire": "json", "transport": "inline", "fetch_in_parser": False},
+    "json-pool": {"wire": "json", "transport": "pool", "fetch_in_parser": False},
+    "msgpack-pool": {"wire": "msgpack", "transport": "pool", "fetch_in_parser": False},
+    "msgpack-fetch": {"wire": "msgpack", "transport": "pool", "fetch_in_parser": True},
+    "msgpack-inline": {"wire": "msgpack", "transport": "inline", "fetch_in_parser": False},
+}
+NAIVE = "json-inline"
+
+
+@dataclass
+class Workload:
+    prompts: int
+    samples_per_prompt: int
+    microgroup_size: int
+    engines: int
+    engine_concurrency: int
+    steps: int
+    step_latency_s: float
+    channels: int
+    frames: int
+    latent_size: int
+    dtype: str
+    parser_workers: int
+    repeats: int
+
+    def engine_config(self, wire: str, *, tiny: bool = False) -> StandInConfig:
+        size = 2 if tiny else self.latent_size
+        return StandInConfig(
+            wire=wire,  # type: ignore[arg-type]
+            latent_channels=1 if tiny else self.channels,
+            latent_height=size,
+            latent_width=size,
+            num_frames=1 if tiny else self.frames,
+            dtype=self.dtype,  # type: ignore[arg-type]
+            step_latency_s=self.step_latency_s,
+            max_concurrent=self.engine_concurrency,
+            num_inference_steps=self.steps,
+            body_cache_bytes=64 << 30,
+        )
+
+    def rollout_config(self, mode: dict[str, Any]) -> DiffusionRolloutConfig:
+        return DiffusionRolloutConfig(
+            n_samples_per_prompt=self.samples_per_prompt,
+            microgroup_size=self.microgroup_size,
+            max_inflight_per_engine=self.engine_concurrency,
+            sampling=DiffusionSamplingParams(num_inference_steps=self.steps),
+            transport=mode["transport"],
+            fetch_in_parser=mode["fetch_in_parser"],
+            reward="mean",
+        )
+
+    def rollout_bytes(self) -> int:
+        """Tensor bytes of one rollout (msgpack form), from the stand-in's own accounting."""
+        from miles_lite.testing import RolloutRequest
+
+        config = self.engine_config("msgpack")
+        request = RolloutRequest.parse(
+            {
+                "prompt": "x",
+                "seed": 0,
+                "num_inference_steps": self.steps,
+                "num_outputs_per_prompt": 1,
+            },
+            config,
+        )
+        return request.tensor_bytes(config) * self.prompts * self.samples_per_prompt
+
+
+def output_mean(samples: list[Sample]) -> list[float]:
+    """The reward of the benchmark: mean of the generated output (cheap, real tensor work)."""
+    return [float(s.generated_output.float().mean()) for s in samples]  # type: ignore[union-attr]
+
+
+@dataclass
+class Measure:
+    rollout_time: float = 0.0
+    gb: float = 0.0
+    wire_bytes: float = 0.0
+    cpu_s: float = 0.0
+    lags_ms: list[float] = field(default_factory=list)
+    peak_client_gb: float = 0.0
+    peak_engines_gb: float = 0.0
+    parser_depth: float | None = None
+    handoff_gbps: float | None = None
+    failed: int = 0
+
+
+class MemorySampler:
+    """Samples PSS of this process + pool workers, and of the engines, every 50 ms."""
+
+    def __init__(self, engine_pids: set[int]) -> None:
+        self.engine_pids = engine_pids
+        self.peak_client = 0
+        self.peak_engines = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            client = engines = 0
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    pss = proc.memory_full_info().pss
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                if proc.pid in self.engine_pids:
+                    engines += pss
+                else:
+                    client += pss
+            self.peak_client = max(self.peak_client, client)
+            self.peak_engines = max(self.peak_engines, engines)
+            self._stop.wait(0.05)
+
+
+def tensor_bytes(samples: list[Sample]) -> int:
+    total = 0
+
+    def walk(value: Any) -> None:
+        nonlocal total
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    for s in samples:
+        walk([s.generated_output, s.rollout_log_probs, s.rollout_debug_tensors, s.denoising_env])
+        if s.dit_trajectory is not None:
+            walk([s.dit_trajectory.latents, s.dit_trajectory.timesteps, s.dit_trajectory.sigmas])
+    return total
+
+
+async def measured_rollout(
+    rollout: DiffusionRollout, prompts: list[str], sampler_pids: set[int], *, instrumented: bool
+) -> Measure:
+    """One rollout. ``instrumented``: with the lag ticker and the memory sampler running;
+    otherwise bare, to read the main process's CPU without their cost."""
+    lags: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            start = time.perf_counter()
+            await anyio.sleep(0.001)
+            lags.append((time.perf_counter() - start - 0.001) * 1e3)
+
+    proc = psutil.Process()
+    gc.collect()
+    memory = MemorySampler(sampler_pids)
+    cpu0 = sum(proc.cpu_times()[:2])
+    if instrumented:
+        with memory:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                result: RolloutResult = await rollout.run(prompts)
+                tg.cancel_scope.cancel()
+    else:
+        result = await rollout.run(prompts)
+    cpu = sum(proc.cpu_times()[:2]) - cpu0
+    m = Measure(
+        rollout_time=result.metrics["perf/rollout_time"],
+        gb=tensor_bytes(result.samples) / 1e9,
+        wire_bytes=result.metrics["perf/wire_bytes"],
+        cpu_s=cpu,
+        lags_ms=lags,
+        peak_client_gb=memory.peak_client / 1e9,
+        peak_engines_gb=memory.peak_engines / 1e9,
+        parser_depth=result.metrics.get("perf/parser_max_queue_depth"),
+        failed=len(result.failed),
+    )
+    rates = [
+        s.wire_bytes / (s.deserialize_end - s.deserialize_start) / 1e9
+        for s in result.spans
+        if s.deserialize_end and s.deserialize_start and s.deserialize_end > s.deserialize_start
+    ]
+    m.handoff_gbps = statistics.median(rates) if rates else None
+    del result
+    gc.collect()
+    return m
+
+
+async def run_mode(
+    name: str, work: Workload, urls: list[str], engine_pids: set[int], arena_bytes: int
+) -> Measure:
+    mode = MODES.get(name, {"wire": "msgpack", "transport": "pool", "fetch_in_parser": False})
+    prompts = [f"prompt {i}" for i in range(work.prompts)]
+    client = EngineClientConfig(read_timeout_s=600, retry=RetryPolicy(max_attempts=1))
+    parser = ParserPoolConfig(
+        workers=work.parser_workers, arena=ArenaConfig(size_bytes=arena_bytes)
+    )
+    async with DiffusionRollout.open(
+        urls,
+        config=work.rollout_config(mode),
+        client_config=client,
+        parser_config=parser,
+        rewards={"mean": output_mean},
+    ) as rollout:
+        await rollout.run(prompts)  # warm-up: workers, arena pages, engine body caches
+        runs = []
+        for _ in range(work.repeats):
+            runs.append(await measured_rollout(rollout, prompts, engine_pids, instrumented=True))
+            runs.append(await measured_rollout(rollout, prompts, engine_pids, instrumented=False))
+    instrumented, bare = runs[0::2], runs[1::2]
+    best = min(instrumented, key=lambda m: m.rollout_time)
+    best.rollout_time = min(m.rollout_time for m in runs)
+    best.cpu_s = min(m.cpu_s for m in bare)
+    best.peak_client_gb = max(r.peak_client_gb for r in instrumented)
+    best.peak_engines_gb = max(r.peak_engines_gb for r in instrumented)
+    return best
+
+
+def run_with_engines(name: str, work: Workload, arena_bytes: int) -> Measure:
+    tiny = name == "gen-only"
+    wire = "msgpack" if tiny else MODES[name]["wire"]
+    configs = [work.engine_config(wire, tiny=tiny)] * work.engines
+    with EngineProcessGroup(configs) as group:
+        pids = {p.pid for p in group.processes if p.pid is not None}
+        return run_sync(run_mode, name, work, group.urls, pids, arena_bytes)
+
+
+async def handoff(size_bytes: int, workers: int) -> dict[str, float]:
+    """Body bytes in the arena -> tensors usable in the main process, vs a warm memcpy."""
+    import numpy as np
+
+    from miles_lite.codecs.encode import encode_msgpack_body
+    from miles_lite.pools import ParserPool
+
+    n = size_bytes // 4 // 8
+    items = [{"t": [torch.randn(n) for _ in range(8)]}]
+    body = encode_msgpack_body(items)
+    config = ParserPoolConfig(
+        workers=workers, arena=ArenaConfig(size_bytes=2 * len(body) + (16 << 20))
+    )
+    async with ParserPool(config) as parser:
+        times = []
+        for _ in range(5):
+            lease = await parser.allocate(len(body))
+            lease.view[:] = body  # the body as it lands from the socket
+            start = time.perf_counter()
+            parsed = await parser.parse(lease, "application/msgpack")
+            times.append(time.perf_counter() - start)
+            del parsed, lease
+            gc.collect()
+    src = np.frombuffer(body, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # warm
+    copies = []
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        copies.append(time.perf_counter() - start)
+    return {
+        "handoff_gbps": len(body) / min(times) / 1e9,
+        "memcpy_gbps": len(body) / min(copies) / 1e9,
+        "body_mb": len(body) / 1e6,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def report(
+    results: dict[str, Measure], lower: float, hand: dict[str, float], work: Workload, out: Path
+) -> dict[str, Any]:
+    naive = results[NAIVE].rollout_time if NAIVE in results else float("nan")
+    rows = []
+    for name, m in results.items():
+        rows.append(
+            {
+                "mode": name,
+                "rollout_time_s": m.rollout_time,
+                "speedup_vs_naive": naive / m.rollout_time,
+                "efficiency": lower / m.rollout_time,
+                "gb_delivered": m.gb,
+                "main_cpu_ms_per_gb": 1e3 * m.cpu_s / m.gb if m.gb else float("nan"),
+                "loop_lag_p50_ms": percentile(m.lags_ms, 0.5),
+                "loop_lag_p99_ms": percentile(m.lags_ms, 0.99),
+                "loop_lag_max_ms": max(m.lags_ms, default=float("nan")),
+                "peak_client_gb": m.peak_client_gb,
+                "peak_engines_gb": m.peak_engines_gb,
+                "parser_max_queue_depth": m.parser_depth,
+                "handoff_gbps_median": m.handoff_gbps,
+                "wire_gb": m.wire_bytes / 1e9,
+                "failed_samples": m.failed,
+            }
+        )
+    cols = [
+        ("mode", "{:<15}"),
+        ("rollout_time_s", "{:>8.2f}"),
+        ("speedup_vs_naive", "{:>7.2f}x"),
+        ("efficiency", "{:>6.2f}"),
+        ("gb_delivered", "{:>6.2f}"),
+        ("main_cpu_ms_per_gb", "{:>9.0f}"),
+        ("loop_lag_p50_ms", "{:>7.2f}"),
+        ("loop_lag_p99_ms", "{:>7.2f}"),
+        ("loop_lag_max_ms", "{:>8.1f}"),
+        ("peak_client_gb", "{:>7.2f}"),
+        ("parser_max_queue_depth", "{:>5}"),
+        ("wire_gb", "{:>6.2f}"),
+    ]
+    heads = [
+        "mode",
+        "time s",
+        "vs naive",
+        "effic",
+        "GB",
+        "CPU ms/GB",
+        "lag p50",
+        "lag p99",
+        "lag max",
+        "mem GB",
+        "depth",
+        "wire GB",
+    ]
+    widths = [len(c[1].format(*([0] if c[0] != "mode" else [""]))) for c in cols]
+    print()
+    print(
+        "  ".join(
+            h.rjust(w) if i else h.ljust(w)
+            for i, (h, w) in enumerate(zip(heads, widths, strict=True))
+        )
+    )
+    for row in rows:
+        cells = []
+        for key, fmt in cols:
+            value = row[key]
+            cells.append(
+                fmt.format(value if value is not None else float("nan"))
+                if key != "parser_max_queue_depth"
+                else fmt.format("-" if value is None else int(value))
+            )
+        print("  ".join(cells))
+    print(f"\nlower bound (gen-only, tiny bodies): {lower:.2f} s")
+    print(
+        f"hand-off, body in arena -> tensors in main process: {hand['handoff_gbps']:.1f} GB/s per worker "
+        f"({hand['body_mb']:.0f} MB body); warm memcpy {hand['memcpy_gbps']:.1f} GB/s"
+    )
+    summary = {"workload": work.__dict__, "lower_bound_s": lower, "handoff": hand, "modes": rows}
+    print(json.dumps(summary, default=float))
+    chart(rows, lower, out)
+    return summary
+
+
+def chart(rows: list[dict[str, Any]], lower: float, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["mode"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    bars = ax1.bar(
+        names,
+        [r["rollout_time_s"] for r in rows],
+        color=["#c44" if "json" in n else "#47a" for n in names],
+    )
+    ax1.axhline(lower, color="k", linestyle="--", linewidth=1, label=f"lower bound {lower:.1f} s")
+    for bar, r in zip(bars, rows, strict=True):
+        ax1.annotate(
+            f"{r['speedup_vs_naive']:.1f}x",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax1.set_ylabel("perf/rollout_time (s)")
+    ax1.set_title("rollout time (lower is better)")
+    ax1.legend(fontsize=8)
+    ax1.tick_params(axis="x", rotation=30, labelsize=8)
+    x = range(len(rows))
+    ax2.bar([i - 0.2 for i in x], [r["loop_lag_p99_ms"] for r in rows], width=0.4, label="p99")
+    ax2.bar([i + 0.2 for i in x], [r["loop_lag_max_ms"] for r in rows], width=0.4, label="max")
+    ax2.set_yscale("log")
+    ax2.set_xticks(list(x), names, rotation=30, fontsize=8)
+    ax2.set_ylabel("event-loop lag (ms, log)")
+    ax2.set_title("event-loop lag (1 ms ticker)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"chart: {out}")
+
+
+PRESETS = {
+    "default": dict(
+        prompts=8,
+        samples_per_prompt=4,
+        microgroup_size=2,
+        engines=2,
+        engine_concurrency=2,
+        steps=20,
+        step_latency_s=0.1,
+        channels=16,
+        frames=8,
+        latent_size=64,
+        dtype="bfloat16",
+        parser_workers=2,
+        repeats=1,
+    ),
+    "quick": dict(
+        prompts=4,
+        samples_per_prompt=2,
+        microgroup_size=1,
+        engines=2,
+        engine_concurrency=2,
+        steps=8,
+        step_latency_s=0.1,
+        channels=16,
+        frames=8,
+        latent_size=64,
+        dtype="bfloat16",
+        parser_workers=2,
+        repeats=1,
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small workload, under a minute")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES)
+    )
+    parser.add_argument("--out", default="benchmarks/transport.png", help="PNG chart path")
+    parser.add_argument(
+        "--handoff-mb", type=int, default=None, help="body size of the hand-off measure"
+    )
+    for key, value in PRESETS["default"].items():
+        parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=None)
+    args = parser.parse_args(argv)
+    preset = dict(PRESETS["quick" if args.quick else "default"])
+    for key in preset:
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    work = Workload(**preset)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}; known: {list(MODES)}")
+    rollout_bytes = work.rollout_bytes()
+    arena = int(rollout_bytes * 1.3) + (256 << 20)
+    print(
+        f"workload: {work.prompts} prompts x {work.samples_per_prompt} samples, microgroups of "
+        f"{work.microgroup_size}, {work.engines} engines x {work.engine_concurrency} slots, "
+        f"{work.steps} steps x {work.step_latency_s} s, latents [{work.channels}, {work.frames}, "
+        f"{work.latent_size}, {work.latent_size}] {work.dtype}: {rollout_bytes / 1e9:.2f} GB of tensors a rollout",
+        file=sys.stderr,
+    )
+    lower = run_with_engines("gen-only", work, 256 << 20).rollout_time
+    print(f"  gen-only lower bound: {lower:.2f} s", file=sys.stderr)
+    results: dict[str, Measure] = {}
+    for name in modes:
+        results[name] = run_with_engines(name, work, arena)
+        print(f"  {name}: {results[name].rollout_time:.2f} s", file=sys.stderr)
+    hand_mb = args.handoff_mb or (64 if args.quick else 512)
+    hand = run_sync(handoff, hand_mb << 20, work.parser_workers)
+    report(results, lower, hand, work, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
