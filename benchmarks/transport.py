@@ -514,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; known: {list(MODES)}")
     rollout_bytes = work.rollout_bytes()
-    arena = int(rollout_bytes * 1.3) + (256 << 20)
+    # The user keeps every tensor of the rollout: the arena holds them all, plus page slack.
+    arena = int(rollout_bytes * 1.1) + (64 << 20)
     print(
         f"workload: {work.prompts} prompts x {work.samples_per_prompt} samples, microgroups of "
         f"{work.microgroup_size}, {work.engines} engines x {work.engine_concurrency} slots, "

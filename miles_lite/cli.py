@@ -68,8 +68,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``miles-lite`` argument parser."""
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``miles-lite`` argument parser and its subcommands' parsers by name."""
     parser = argparse.ArgumentParser(prog="miles-lite", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
@@ -96,19 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--height", type=int, default=None)
     roll.add_argument("--num-frames", type=int, default=None)
     _common(roll)
-    return parser
+    return parser, {"demo": demo, "rollout": roll}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``miles-lite``; returns the exit status."""
-    parser = build_parser()
+    parser, commands = build_parser()
     args, _ = parser.parse_known_args(argv)
     generate = None
     if args.custom_generate_function_path:
         generate = load_function(args.custom_generate_function_path)
         add_arguments = getattr(generate, "add_arguments", None)
         if add_arguments is not None:
-            add_arguments(parser._subparsers._group_actions[0].choices[args.command])  # type: ignore[union-attr]
+            add_arguments(commands[args.command])
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":

@@ -42,7 +42,8 @@ def _encode_tree(value: Any, base64_text: bool) -> Any:
 
 def encode_msgpack_body(items: list[dict[str, Any]]) -> bytes:
     """The ``application/msgpack`` body of SGLang >= 0.5.19."""
-    return msgpack.packb(_encode_tree(items, False), use_bin_type=True)
+    body: bytes = msgpack.packb(_encode_tree(items, False), use_bin_type=True)
+    return body
 
 
 def encode_json_body(items: list[dict[str, Any]]) -> bytes:
@@ -79,7 +80,7 @@ def _tensor_pieces(tensor: torch.Tensor, out: list[bytes | memoryview]) -> None:
     if code is None:  # rare dtypes: the reference encoder
         out.append(msgpack.packb(encode_tensor_map(t), use_bin_type=True))
         return
-    data = memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+    data = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
     header = json.dumps(
         {"t": {"dtype": code, "shape": list(t.shape), "data_offsets": [0, len(data)]}},
         separators=(",", ":"),

@@ -58,7 +58,7 @@ def is_tensor_map(value: Any) -> bool:
     return isinstance(value, dict) and value.get("__tensor__") is True
 
 
-def parse_safetensors(data: memoryview, *, dtype: str, shape: Any, path: str) -> tuple[int, int]:
+def parse_safetensors(data: memoryview, *, dtype: Any, shape: Any, path: str) -> tuple[int, int]:
     """Check a one-tensor safetensors file against its map; return its data's (start, end).
 
     ``start``/``end`` are offsets into ``data``. Raises :class:`CodecError` naming ``path``

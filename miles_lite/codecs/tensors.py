@@ -40,11 +40,12 @@ def decode_to_tensors(body: bytearray | memoryview, content_type: str | None) ->
     base64/JSON tensors live in one new buffer.
     """
     decoded: DecodedBody = decode_body(memoryview(body), content_type)
-    if decoded.in_place:
-        return materialize(decoded.items, body)
-    out = bytearray(decoded.nbytes)
-    decoded.fill(memoryview(out))
-    return materialize(decoded.items, out)
+    buffer: bytearray | memoryview = body
+    if not decoded.in_place:
+        buffer = bytearray(decoded.nbytes)
+        decoded.fill(memoryview(buffer))
+    items: list[Any] = materialize(decoded.items, buffer)
+    return items
 
 
 _DTYPES: dict[str, torch.dtype] = {

@@ -199,7 +199,7 @@ class Lease:
     __slots__ = ("__weakref__", "_finalizer", "allocation", "array")
 
     def __init__(
-        self, array: np.ndarray, allocation: Allocation, on_free: weakref.finalize
+        self, array: np.ndarray, allocation: Allocation, on_free: weakref.finalize[Any, Any]
     ) -> None:
         self.array = array
         self.allocation = allocation
@@ -208,7 +208,7 @@ class Lease:
     @property
     def view(self) -> memoryview:
         """A writable memoryview of the leased bytes."""
-        return memoryview(self.array)
+        return self.array.data
 
     def release(self) -> None:
         """Free the pages now; the caller promises no tensor views them any more."""

@@ -162,9 +162,7 @@ class RewardPool:
         views = [reward_view(s, self.arena) for s in samples]
         try:
             # The samples stay referenced until a cancelled call ends: the worker reads them.
-            scores = await self._pool.run(
-                _score, views, after_cancel=lambda _result, _keep=samples: None
-            )
+            scores = await self._pool.run(_score, views, after_cancel=_Keep(samples))
         except MilesLiteError as exc:
             raise RewardError(f"reward {self.name!r} failed: {exc}") from exc
         return _checked(self.name, scores, samples)
@@ -208,6 +206,16 @@ class ApiRewardPool:
         finally:
             self._in_flight -= 1
         return _checked(self.name, list(scores), samples)
+
+
+class _Keep:
+    """An ``after_cancel`` that only holds ``samples`` alive until a late call ends."""
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    def __call__(self, _result: object) -> None:
+        self.samples = []
 
 
 def _checked(name: str, scores: list[Any], samples: list[Sample]) -> list[float | dict[str, Any]]:
