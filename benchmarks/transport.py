@@ -457,37 +457,31 @@ def chart(rows: list[dict[str, Any]], lower: float, out: Path) -> None:
     print(f"chart: {out}")
 
 
+DEFAULT = dict(
+    prompts=8,
+    samples_per_prompt=4,
+    microgroup_size=2,
+    engines=2,
+    engine_concurrency=2,
+    steps=20,
+    step_latency_s=0.075,
+    channels=16,
+    frames=8,
+    latent_size=64,
+    dtype="bfloat16",
+    parser_workers=2,
+    repeats=1,
+)
 PRESETS = {
-    "default": dict(
-        prompts=8,
-        samples_per_prompt=4,
-        microgroup_size=2,
-        engines=2,
-        engine_concurrency=2,
-        steps=20,
-        step_latency_s=0.1,
-        channels=16,
-        frames=8,
-        latent_size=64,
-        dtype="bfloat16",
-        parser_workers=2,
-        repeats=1,
-    ),
-    "quick": dict(
-        prompts=4,
-        samples_per_prompt=2,
-        microgroup_size=1,
-        engines=2,
-        engine_concurrency=2,
-        steps=8,
-        step_latency_s=0.1,
-        channels=16,
-        frames=8,
-        latent_size=64,
-        dtype="bfloat16",
-        parser_workers=2,
-        repeats=1,
-    ),
+    "default": DEFAULT,
+    "quick": {
+        **DEFAULT,
+        "prompts": 4,
+        "samples_per_prompt": 2,
+        "microgroup_size": 1,
+        "steps": 8,
+        "step_latency_s": 0.1,
+    },
 }
 
 

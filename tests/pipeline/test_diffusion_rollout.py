@@ -358,3 +358,45 @@ async def test_tensors_held_across_rollouts_stay_intact_and_released_space_is_re
         ) as rollout:
             third = await rollout.run(PROMPTS)
         assert not third.failed and small.arena.used_bytes <= held + (64 << 10)
+
+
+async def test_an_api_reward_pool_scores_over_http_within_its_concurrency(
+    engines: list[StandInEngine], parser: ParserPool
+) -> None:
+    from aiohttp import web
+
+    from miles_lite.pools import ApiRewardPool
+    from miles_lite.rewards import ApiScorer
+
+    in_flight = peak = 0
+
+    async def score(request: web.Request) -> web.Response:
+        nonlocal in_flight, peak
+        body = await request.json()
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await anyio.sleep(0.05)
+        in_flight -= 1
+        return web.json_response({"scores": [len(s["prompt"]) for s in body["samples"]]})
+
+    app = web.Application()
+    app.router.add_post("/score", score)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/score"  # type: ignore[union-attr]
+    try:
+        async with ApiScorer(url, max_concurrency=2) as scorer:
+            pool = ApiRewardPool("api", scorer)
+            async with rollout_over(
+                [e.url for e in engines], parser, {"api": pool}, reward="api"
+            ) as rollout:
+                result = await rollout.run(PROMPTS)
+    finally:
+        await runner.cleanup()
+    assert not result.failed
+    assert [s.reward for s in result.samples] == [float(len(s.prompt)) for s in result.samples]
+    assert peak <= 2
+    # 9 microgroups at once against 2 slots: calls found others in flight.
+    assert result.metrics["perf/reward_max_queue_depth_api"] >= 2
