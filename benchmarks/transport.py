@@ -144,6 +144,7 @@ class Measure:
     parser_depth: float | None = None
     handoff_gbps: float | None = None
     failed: int = 0
+    spills: float = 0.0
 
 
 class MemorySampler:
@@ -239,6 +240,7 @@ async def measured_rollout(
         peak_engines_gb=memory.peak_engines / 1e9,
         parser_depth=result.metrics.get("perf/parser_max_queue_depth"),
         failed=len(result.failed),
+        spills=result.metrics.get("perf/arena_spills", 0.0),
     )
     rates = [
         s.wire_bytes / (s.deserialize_end - s.deserialize_start) / 1e9
@@ -281,13 +283,23 @@ async def run_mode(
     return best
 
 
-def run_with_engines(name: str, work: Workload, arena_bytes: int) -> Measure:
+def arena_bytes(name: str, work: Workload) -> int:
+    """Room for a whole rollout's tensors (the benchmark keeps them, as a trainer would),
+    plus, for base64/JSON, the extra third of the bodies in flight before they decode."""
+    total = work.rollout_bytes()
+    per_request = total // (work.prompts * work.samples_per_prompt) * work.microgroup_size
+    in_flight = work.engines * work.engine_concurrency
+    extra = in_flight * per_request // 2 if MODES.get(name, {}).get("wire") == "json" else 0
+    return int(total * 1.1) + extra + (64 << 20)
+
+
+def run_with_engines(name: str, work: Workload) -> Measure:
     tiny = name == "gen-only"
     wire = "msgpack" if tiny else MODES[name]["wire"]
     configs = [work.engine_config(wire, tiny=tiny)] * work.engines
     with EngineProcessGroup(configs) as group:
         pids = {p.pid for p in group.processes if p.pid is not None}
-        return run_sync(run_mode, name, work, group.urls, pids, arena_bytes)
+        return run_sync(run_mode, name, work, group.urls, pids, arena_bytes(name, work))
 
 
 async def handoff(size_bytes: int, workers: int) -> dict[str, float]:
@@ -358,6 +370,7 @@ def report(
                 "handoff_gbps_median": m.handoff_gbps,
                 "wire_gb": m.wire_bytes / 1e9,
                 "failed_samples": m.failed,
+                "arena_spills": m.spills,
             }
         )
     cols = [
@@ -508,8 +521,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; known: {list(MODES)}")
     rollout_bytes = work.rollout_bytes()
-    # The user keeps every tensor of the rollout: the arena holds them all, plus page slack.
-    arena = int(rollout_bytes * 1.1) + (64 << 20)
     print(
         f"workload: {work.prompts} prompts x {work.samples_per_prompt} samples, microgroups of "
         f"{work.microgroup_size}, {work.engines} engines x {work.engine_concurrency} slots, "
@@ -517,11 +528,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{work.latent_size}, {work.latent_size}] {work.dtype}: {rollout_bytes / 1e9:.2f} GB of tensors a rollout",
         file=sys.stderr,
     )
-    lower = run_with_engines("gen-only", work, 256 << 20).rollout_time
+    lower = run_with_engines("gen-only", work).rollout_time
     print(f"  gen-only lower bound: {lower:.2f} s", file=sys.stderr)
     results: dict[str, Measure] = {}
     for name in modes:
-        results[name] = run_with_engines(name, work, arena)
+        results[name] = run_with_engines(name, work)
         print(f"  {name}: {results[name].rollout_time:.2f} s", file=sys.stderr)
     hand_mb = args.handoff_mb or (64 if args.quick else 512)
     hand = run_sync(handoff, hand_mb << 20, work.parser_workers)

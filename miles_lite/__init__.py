@@ -4,6 +4,7 @@ from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
 from miles_lite.errors import (
     ArenaError,
+    ArenaFullError,
     BodyTooLargeError,
     ClosedResourceError,
     CodecError,
@@ -39,6 +40,7 @@ __all__ = [
     "ApiRewardPool",
     "ArenaConfig",
     "ArenaError",
+    "ArenaFullError",
     "BodyTooLargeError",
     "ClosedResourceError",
     "CodecError",

@@ -13,6 +13,7 @@
     │       └── BodyTooLargeError            body over the configured limit: refused
     ├── CodecError                           a body that does not decode
     ├── ArenaError                           shared-memory arena misuse or exhaustion
+    │   └── ArenaFullError                   no room within the wait (rollouts spill instead)
     ├── WorkerError                          a pool worker failed
     │   ├── WorkerCrashedError               the worker process died
     │   └── WorkerTaskError                  the function raised; carries the remote traceback
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArenaError",
+    "ArenaFullError",
     "BodyTooLargeError",
     "ClosedResourceError",
     "CodecError",
@@ -179,6 +181,13 @@ class CodecError(MilesLiteError):
 
 class ArenaError(MilesLiteError):
     """Raised when the shared-memory arena cannot serve an allocation (too large, closed)."""
+
+
+class ArenaFullError(ArenaError):
+    """Raised when the arena has no room for an allocation within ``ArenaConfig.wait_s``.
+
+    Rollouts do not fail on it: the body spills to private memory (a slower hand-off).
+    """
 
 
 class WorkerError(MilesLiteError):

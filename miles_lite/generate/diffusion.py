@@ -13,11 +13,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from miles_lite.codecs.body import decode_body
+from miles_lite.codecs.body import decode_body, wire_form
 from miles_lite.codecs.tensors import decode_to_tensors, materialize
 from miles_lite.config import DiffusionRolloutConfig
 from miles_lite.engine import EngineClient, RawResponse, Router, retry_call
-from miles_lite.errors import CodecError, EngineProtocolError
+from miles_lite.engine.response import BodyBuffer, allocate_fresh
+from miles_lite.errors import ArenaFullError, CodecError, EngineProtocolError
 from miles_lite.generate.contract import GenerateFnInput
 from miles_lite.pools.arena import Arena, Lease
 from miles_lite.pools.parser_pool import ParserPool
@@ -60,7 +61,8 @@ def build_request(samples: list[Sample], sampling_params: dict[str, Any]) -> dic
 async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
     """Generate and decode one microgroup; fill ``input.samples`` and return them.
 
-    Records ``generate_*``/``deserialize_*`` times, ``engine`` and ``wire_bytes`` in
+    Records ``generate_*``/``deserialize_*`` times, ``engine``, ``wire_bytes`` and
+    ``spilled`` (the arena was full: the body went through private memory) in
     ``input.spans``. Raises engine, codec and worker errors (typed, with engine URL and
     request id); the caller marks the samples failed.
     """
@@ -89,12 +91,23 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
                 return await parser.fetch(request)
 
         parsed = await retry_call(state.client.config.retry, fetch_once, rand=state.rand.random)
+        spans["spilled"] = parsed.spilled
         spans["generate_end"] = parsed.read_at
         spans["deserialize_start"] = parsed.read_at
         items = parsed.items
         spans["wire_bytes"] = parsed.wire_bytes
     else:
-        into = state.arena.lease if state.arena is not None else None
+        arena = state.arena
+
+        async def into(nbytes: int) -> BodyBuffer:
+            if arena is None:
+                return await allocate_fresh(nbytes)
+            try:
+                return await arena.lease(nbytes)
+            except ArenaFullError:
+                # Everything in the arena is held: spill this body rather than fail.
+                spans["spilled"] = True
+                return await allocate_fresh(nbytes)
 
         async def post_once() -> RawResponse:
             async with state.router.lease() as url:
@@ -122,13 +135,16 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
 
 async def _deserialize(state: DiffusionState, raw: RawResponse, rid: str) -> list[Any]:
     owner = raw.owner
-    if state.config.transport == "pool":
+    if state.config.transport == "pool" and (
+        isinstance(owner, Lease) or wire_form(raw.content_type) == "json"
+    ):
+        # In place in the arena; a spilled JSON body goes to the worker through the pipe.
         parser = _need_parser(state)
         body = owner if isinstance(owner, Lease) else bytes(raw.body)
         parsed = await parser.parse(body, raw.content_type, url=raw.url, request_id=rid)
         return parsed.items
-    # Inline: zero-copy for msgpack (microseconds on the loop); base64/JSON here is the
-    # slow baseline the transport benchmark measures.
+    # Inline (and spilled msgpack bodies): zero-copy for msgpack, microseconds on the
+    # loop; base64/JSON here is the slow baseline the transport benchmark measures.
     try:
         if not isinstance(owner, Lease):
             return decode_to_tensors(raw.body, raw.content_type)

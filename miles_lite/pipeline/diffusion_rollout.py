@@ -375,6 +375,7 @@ def _record(span: MicrogroupSpan, times: dict[str, Any]) -> None:
             setattr(span, key, times[key])
     span.engine = times.get("engine")
     span.wire_bytes = int(times.get("wire_bytes", 0))
+    span.spilled = bool(times.get("spilled", False))
 
 
 def _progress_bar(total: int) -> Any:

@@ -14,7 +14,7 @@ class MicrogroupSpan:
 
     ``engine`` is the URL that generated it, ``wire_bytes`` its body size, ``error`` the
     message of the error that failed it (None if it succeeded). A stage that did not run
-    has ``None`` times.
+    has ``None`` times. ``spilled``: the arena was full, the body took private memory.
     """
 
     group_index: int
@@ -28,6 +28,7 @@ class MicrogroupSpan:
     reward_start: float | None = None
     reward_end: float | None = None
     wire_bytes: int = 0
+    spilled: bool = False
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -51,4 +52,5 @@ def span_metrics(spans: list[MicrogroupSpan]) -> dict[str, float]:
         out[f"perf/{stage}_time_mean"] = _mean(durations)
         out[f"perf/{stage}_time_max"] = max(durations, default=0.0)
     out["perf/wire_bytes"] = float(sum(s.wire_bytes for s in spans))
+    out["perf/arena_spills"] = float(sum(s.spilled for s in spans))
     return out

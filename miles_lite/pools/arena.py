@@ -36,7 +36,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from miles_lite.errors import ArenaError, ClosedResourceError, ConfigError
+from miles_lite.errors import ArenaError, ArenaFullError, ClosedResourceError, ConfigError
 
 __all__ = [
     "Allocation",
@@ -58,16 +58,20 @@ LAST_WORKER_TAG = 255
 class ArenaConfig:
     """Size of the shared-memory arena.
 
-    ``size_bytes`` bounds the tensor bytes in flight plus those the user still holds;
-    allocations wait for space beyond it (backpressure) up to ``alloc_timeout_s``.
-    ``page_bytes`` is the allocation unit (a power of two, at least 4 KiB).
+    ``size_bytes`` bounds the tensor bytes in flight plus those the user still holds: size
+    it to hold what you keep (a rollout's tensors, say). An allocation that does not fit
+    waits up to ``wait_s`` for released space (backpressure), then raises
+    :class:`ArenaFullError`; a rollout then spills that body to private memory instead
+    (slower: its tensors are copied or pickled once) and counts it in
+    ``perf/arena_spills``. ``page_bytes`` is the allocation unit (a power of two, at
+    least 4 KiB). ``populate`` maps every page at creation (no page faults later).
 
     Usage: ``ArenaConfig(size_bytes=4 << 30)``.
     """
 
     size_bytes: int = 1 << 30
     page_bytes: int = 64 << 10
-    alloc_timeout_s: float = 300.0
+    wait_s: float = 2.0
     populate: bool = True
 
     def __post_init__(self) -> None:
@@ -81,10 +85,8 @@ class ArenaConfig:
             )
         if (self.size_bytes // self.page_bytes) > (1 << 24):
             raise ConfigError("ArenaConfig: more than 16M pages; raise page_bytes")
-        if not self.alloc_timeout_s > 0:
-            raise ConfigError(
-                f"ArenaConfig.alloc_timeout_s must be > 0, got {self.alloc_timeout_s}"
-            )
+        if not self.wait_s >= 0:
+            raise ConfigError(f"ArenaConfig.wait_s must be >= 0, got {self.wait_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +284,7 @@ class Arena:
         self._check_open()
         n_pages = self._table.pages_for(nbytes)
         if n_pages > self.n_pages:
-            raise ArenaError(
+            raise ArenaFullError(
                 f"allocation of {nbytes} bytes exceeds the arena of {self.config.size_bytes} "
                 "bytes; raise ArenaConfig.size_bytes"
             )
@@ -294,14 +296,14 @@ class Arena:
     async def lease(self, nbytes: int) -> Lease:
         """Allocate ``nbytes``, waiting for released space (backpressure).
 
-        Raises :class:`ArenaError` when the request can never fit or no space is freed
-        within ``alloc_timeout_s``. Cancellation while waiting allocates nothing.
+        Raises :class:`ArenaFullError` when the request can never fit (at once) or no
+        space is freed within ``wait_s``. Cancellation while waiting allocates nothing.
         """
         lease = self.try_lease(nbytes)
         if lease is not None:
             return lease
         self.waits += 1
-        with anyio.move_on_after(self.config.alloc_timeout_s):
+        with anyio.move_on_after(self.config.wait_s):
             while True:
                 # Frees come from garbage collection (any thread) and from worker
                 # shrinks, so poll as well as wait for the event.
@@ -311,8 +313,8 @@ class Arena:
                 lease = self.try_lease(nbytes)
                 if lease is not None:
                     return lease
-        raise ArenaError(
-            f"no {nbytes} bytes free in the arena within {self.config.alloc_timeout_s} s "
+        raise ArenaFullError(
+            f"no {nbytes} bytes free in the arena within {self.config.wait_s} s "
             f"({self.used_bytes} of {self.config.size_bytes} bytes held): release tensors "
             "(Sample.detach_tensors or drop references) or raise ArenaConfig.size_bytes"
         )
@@ -440,7 +442,7 @@ class WorkerArena:
             raise ArenaError("this worker attached to the arena as a reader")
         n_pages = self._table.pages_for(nbytes)
         if n_pages > self.handle.n_pages:
-            raise ArenaError(
+            raise ArenaFullError(
                 f"allocation of {nbytes} bytes exceeds the arena of "
                 f"{self.handle.n_pages * self.handle.page_bytes} bytes; raise ArenaConfig.size_bytes"
             )
@@ -451,7 +453,7 @@ class WorkerArena:
             if allocation is not None:
                 return allocation
             if time.monotonic() > deadline:
-                raise ArenaError(f"no {nbytes} bytes free in the arena within {timeout_s} s")
+                raise ArenaFullError(f"no {nbytes} bytes free in the arena within {timeout_s} s")
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 

@@ -71,6 +71,7 @@ class ParsedBody:
 
     items: list[Any]
     wire_bytes: int
+    spilled: bool = False
     response_at: float = 0.0
     read_at: float = 0.0
     parsed_at: float = 0.0
@@ -139,7 +140,8 @@ class ParserPool:
     async def allocate(self, nbytes: int) -> Lease:
         """Arena space for a body the main process will read (a ``BodyAllocator``).
 
-        Waits while the arena is full (backpressure); raises ArenaError past its timeout.
+        Waits while the arena is full (backpressure); raises ArenaFullError past
+        ``ArenaConfig.wait_s``.
         """
         if self.arena is None:
             raise MilesLiteError("this ParserPool has no arena (ParserPoolConfig.arena=None)")
@@ -198,7 +200,7 @@ class ParserPool:
             timeout_s=request.timeout_s,
             max_body_bytes=request.max_body_bytes,
             align=self.config.align,
-            alloc_timeout_s=self.config.arena.alloc_timeout_s if self.config.arena else 300.0,
+            alloc_wait_s=self.config.arena.wait_s if self.config.arena else 0.0,
         )
         result: ParseResult = await self.pool.run(
             fetch_and_parse, request, after_cancel=self._discard
@@ -207,7 +209,8 @@ class ParserPool:
 
     def _take(self, result: ParseResult, lease: Lease | None) -> ParsedBody:
         if result.payload is not None:
-            buffer: Any = bytearray(result.payload)
+            payload = result.payload
+            buffer: Any = payload if isinstance(payload, bytearray) else bytearray(payload)
         elif result.allocation is not None:
             assert self.arena is not None
             buffer = self.arena.adopt(result.allocation, result.used_bytes).array
@@ -217,6 +220,7 @@ class ParserPool:
         return ParsedBody(
             items=materialize(result.items, buffer),
             wire_bytes=result.wire_bytes,
+            spilled=result.spilled,
             response_at=result.response_at,
             read_at=result.read_at,
             parsed_at=result.parsed_at,

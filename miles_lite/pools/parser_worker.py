@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from miles_lite.codecs.body import decode_body, wire_form
 from miles_lite.errors import (
+    ArenaFullError,
     BodyTooLargeError,
     CodecError,
     EngineProtocolError,
@@ -45,7 +46,7 @@ class FetchRequest:
     timeout_s: float
     max_body_bytes: int
     align: bool = True
-    alloc_timeout_s: float = 300.0
+    alloc_wait_s: float = 2.0
 
 
 @dataclass(slots=True)
@@ -60,12 +61,14 @@ class ParseResult:
     items: list[Any]
     used_bytes: int
     allocation: Allocation | None = None
+    #: The arena was full: the body was read into private memory and comes back pickled.
+    spilled: bool = False
     wire_bytes: int = 0
     content_type: str = ""
     response_at: float = 0.0
     read_at: float = 0.0
     parsed_at: float = 0.0
-    payload: bytes | None = field(default=None, repr=False)
+    payload: bytes | bytearray | None = field(default=None, repr=False)
 
 
 class _WorkerState:
@@ -188,8 +191,13 @@ def fetch_and_parse(request: FetchRequest) -> ParseResult:
                     **where,
                 )
             wire_form(content_type)
-            allocation = arena.alloc(length, timeout_s=request.alloc_timeout_s)
-            view = arena.view(allocation, length)
+            spill: bytearray | None = None
+            try:
+                allocation = arena.alloc(length, timeout_s=request.alloc_wait_s)
+                view = arena.view(allocation, length)
+            except ArenaFullError:
+                spill = bytearray(length)
+                view = memoryview(spill)
             got = 0
             while got < length:
                 n = resp.readinto(view[got:])
@@ -213,6 +221,9 @@ def fetch_and_parse(request: FetchRequest) -> ParseResult:
             state.drop(host, port)
             raise EngineUnavailableError(f"connection failed: {exc!r}", **where) from exc
         result = _decode_in(view, content_type, request.align)
+        if spill is not None:
+            result.payload = spill if result.used_bytes == length else spill[: result.used_bytes]
+            result.spilled = True
     except MilesLiteError as exc:
         if allocation is not None:
             arena.free(allocation)

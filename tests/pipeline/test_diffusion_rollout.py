@@ -57,14 +57,18 @@ async def rollout_over(
 
 
 def expected(
-    sample: Sample, request_seed: int, position: int, wire: str = "msgpack"
+    sample: Sample,
+    request_seed: int,
+    position: int,
+    wire: str = "msgpack",
+    config: StandInConfig | None = None,
 ) -> dict[str, Any]:
     request = {"prompt": sample.prompt, "seed": request_seed, "num_inference_steps": 3}
     return synthetic_sample(
         seed=request_seed,
         sample_index_in_request=position,
         request=request,
-        config=StandInConfig(wire=wire),
+        config=config or StandInConfig(wire=wire),
     )
 
 
@@ -400,3 +404,35 @@ async def test_an_api_reward_pool_scores_over_http_within_its_concurrency(
     assert peak <= 2
     # 9 microgroups at once against 2 slots: calls found others in flight.
     assert result.metrics["perf/reward_max_queue_depth_api"] >= 2
+
+
+@pytest.mark.parametrize("arena_bytes", [1 << 20, 256 << 10])
+@pytest.mark.parametrize("mode", ["pool", "fetch_in_parser", "json"])
+async def test_a_full_arena_spills_instead_of_failing(mode: str, arena_bytes: int) -> None:
+    # The arena holds one body (or none): the rollout keeps every sample, so later bodies
+    # find no room; they go through private memory and the rollout still completes, right.
+    from miles_lite.pools import ArenaConfig, ParserPoolConfig
+
+    wire = "json" if mode == "json" else "msgpack"
+    config = ParserPoolConfig(
+        workers=2, arena=ArenaConfig(size_bytes=arena_bytes, page_bytes=4096, wait_s=0.05)
+    )
+    engine_config = StandInConfig(wire=wire, latent_height=32, latent_width=32)
+    async with (
+        StandInEngine(engine_config) as engine,
+        ParserPool(config) as tiny,
+        rollout_over(
+            [engine.url],
+            tiny,
+            {},
+            n_samples_per_prompt=2,
+            fetch_in_parser=mode == "fetch_in_parser",
+        ) as rollout,
+    ):
+        result = await rollout.run(PROMPTS)
+    assert not result.failed
+    assert result.metrics["perf/arena_spills"] >= 1
+    request_seeds = {s.index: s.index - s.index % 2 for s in result.samples}
+    for sample in result.samples:
+        want = expected(sample, request_seeds[sample.index], sample.index % 2, wire, engine_config)
+        assert torch.equal(sample.dit_trajectory.latents, want["dit_trajectory"]["latents"])  # type: ignore[union-attr]

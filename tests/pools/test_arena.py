@@ -7,7 +7,7 @@ import anyio
 import pytest
 import torch
 
-from miles_lite.errors import ArenaError, ClosedResourceError, ConfigError
+from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
 from miles_lite.pools.arena import Arena, ArenaConfig, WorkerArena
 
 pytestmark = pytest.mark.anyio
@@ -65,12 +65,12 @@ async def test_full_arena_applies_backpressure_until_space_is_released() -> None
 
 
 async def test_allocation_times_out_with_a_clear_error() -> None:
-    cfg = ArenaConfig(size_bytes=PAGE, page_bytes=PAGE, alloc_timeout_s=0.05)
+    cfg = ArenaConfig(size_bytes=PAGE, page_bytes=PAGE, wait_s=0.05)
     async with await Arena.create(cfg) as arena:
         held = await arena.lease(PAGE)
-        with pytest.raises(ArenaError, match="no 1 bytes free"):
+        with pytest.raises(ArenaFullError, match="no 1 bytes free"):
             await arena.lease(1)
-        with pytest.raises(ArenaError, match="exceeds the arena"):
+        with pytest.raises(ArenaFullError, match="exceeds the arena"):
             await arena.lease(2 * PAGE)
         held.release()
         assert arena.used_bytes == 0
