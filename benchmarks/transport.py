@@ -284,12 +284,13 @@ async def run_mode(
 
 
 def arena_bytes(name: str, work: Workload) -> int:
-    """Room for a whole rollout's tensors (the benchmark keeps them, as a trainer would),
-    plus, for base64/JSON, the extra third of the bodies in flight before they decode."""
+    """Room for a whole rollout's tensors (the benchmark keeps them, as a trainer would).
+
+    base64/JSON bodies are a third larger than their tensors and shrink once decoded in
+    place, leaving holes that later bodies do not fit: give those modes half as much again.
+    """
     total = work.rollout_bytes()
-    per_request = total // (work.prompts * work.samples_per_prompt) * work.microgroup_size
-    in_flight = work.engines * work.engine_concurrency
-    extra = in_flight * per_request // 2 if MODES.get(name, {}).get("wire") == "json" else 0
+    extra = total // 2 if MODES.get(name, {}).get("wire") == "json" else 0
     return int(total * 1.1) + extra + (64 << 20)
 
 
@@ -471,7 +472,7 @@ def chart(rows: list[dict[str, Any]], lower: float, out: Path) -> None:
 
 
 DEFAULT = dict(
-    prompts=8,
+    prompts=12,
     samples_per_prompt=4,
     microgroup_size=2,
     engines=2,
