@@ -103,7 +103,9 @@ class Workload:
         return DiffusionRolloutConfig(
             n_samples_per_prompt=self.samples_per_prompt,
             microgroup_size=self.microgroup_size,
-            max_inflight_per_engine=self.engine_concurrency,
+            # One more request queued per slot, as SGLang's scheduler would hold it: a slot
+            # starts the next generation while the previous body is still on the wire.
+            max_inflight_per_engine=2 * self.engine_concurrency,
             sampling=DiffusionSamplingParams(num_inference_steps=self.steps),
             transport=mode["transport"],
             fetch_in_parser=mode["fetch_in_parser"],

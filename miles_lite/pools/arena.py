@@ -23,12 +23,9 @@ How:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
-import mmap
 import os
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -36,22 +33,17 @@ from typing import Any
 import anyio
 import numpy as np
 
-from miles_lite.errors import ArenaError, ArenaFullError, ClosedResourceError, ConfigError
+from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
+from miles_lite.pools.arena_pages import (
+    PARENT,
+    Allocation,
+    ArenaHandle,
+    ArenaTensor,
+    PageTable,
+    map_shared,
+)
 
-__all__ = [
-    "Allocation",
-    "Arena",
-    "ArenaConfig",
-    "ArenaHandle",
-    "ArenaTensor",
-    "Lease",
-    "WorkerArena",
-]
-
-FREE = 0
-PARENT = 1
-FIRST_WORKER_TAG = 2
-LAST_WORKER_TAG = 255
+__all__ = ["Arena", "ArenaConfig", "Lease"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,107 +79,6 @@ class ArenaConfig:
             raise ConfigError("ArenaConfig: more than 16M pages; raise page_bytes")
         if not self.wait_s >= 0:
             raise ConfigError(f"ArenaConfig.wait_s must be >= 0, got {self.wait_s}")
-
-
-@dataclass(frozen=True, slots=True)
-class ArenaHandle:
-    """What a worker needs to attach to an arena (small, picklable)."""
-
-    pid: int
-    fd: int
-    page_bytes: int
-    n_pages: int
-    data_offset: int
-    populate: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """``n_pages`` pages from ``first_page``; ``offset`` is the byte offset in the data area."""
-
-    first_page: int
-    n_pages: int
-    page_bytes: int
-
-    @property
-    def offset(self) -> int:
-        return self.first_page * self.page_bytes
-
-    @property
-    def nbytes(self) -> int:
-        return self.n_pages * self.page_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ArenaTensor:
-    """A contiguous tensor that lies in the arena, named by place: ``nbytes`` at ``offset``
-    of the data area. Pickles in bytes, whatever the tensor's size."""
-
-    offset: int
-    nbytes: int
-    dtype: str
-    shape: tuple[int, ...]
-
-
-class _PageTable:
-    """The page table, shared by all processes; every change is made under flock."""
-
-    def __init__(self, fd: int, table: memoryview, page_bytes: int) -> None:
-        self._fd = fd
-        self._table = table
-        self._page_bytes = page_bytes
-        # flock excludes other processes, not other threads of this one.
-        self._thread_lock = threading.Lock()
-
-    def pages_for(self, nbytes: int) -> int:
-        return max(1, math.ceil(nbytes / self._page_bytes))
-
-    def try_alloc(self, n_pages: int, tag: int) -> Allocation | None:
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                first = bytes(self._table).find(bytes(n_pages))
-                if first < 0:
-                    return None
-                self._table[first : first + n_pages] = bytes([tag]) * n_pages
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return Allocation(first, n_pages, self._page_bytes)
-
-    def retag(self, first: int, n_pages: int, tag: int) -> None:
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                self._table[first : first + n_pages] = bytes([tag]) * n_pages
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def free(self, first: int, n_pages: int) -> None:
-        self.retag(first, n_pages, FREE)
-
-    def reclaim(self, tag: int) -> int:
-        """Free every page owned by ``tag`` (a dead worker); return how many."""
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                snapshot = bytes(self._table)
-                freed = snapshot.count(tag)
-                if freed:
-                    self._table[:] = snapshot.replace(bytes([tag]), bytes(1))
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return freed
-
-    def used_pages(self) -> int:
-        return len(self._table) - bytes(self._table).count(0)
-
-    def release(self) -> None:
-        self._table.release()
-
-
-def _map(fd: int, length: int, populate: bool) -> mmap.mmap:
-    flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
-    return mmap.mmap(fd, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 class Lease:
@@ -232,14 +123,14 @@ class Arena:
         self._fd = os.memfd_create("miles_lite_arena", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self._fd, self._data_offset + n_pages * config.page_bytes)
-            self._mmap = _map(
+            self._mmap = map_shared(
                 self._fd, self._data_offset + n_pages * config.page_bytes, config.populate
             )
         except BaseException:
             os.close(self._fd)
             raise
         self._view = memoryview(self._mmap)
-        self._table = _PageTable(self._fd, self._view[:n_pages], config.page_bytes)
+        self._table = PageTable(self._fd, self._view[:n_pages], config.page_bytes)
         self._data = np.frombuffer(self._mmap, dtype=np.uint8, offset=self._data_offset)
         self.n_pages = n_pages
         self._closed = False
@@ -413,57 +304,3 @@ class Arena:
 
 def _free_pages(arena: Arena, first: int, n_pages: int) -> None:
     arena._free(first, n_pages)
-
-
-class WorkerArena:
-    """A worker process's side of an arena: allocate, write, hand over by page numbers."""
-
-    def __init__(self, handle: ArenaHandle, tag: int | None) -> None:
-        # tag None: a reader (reward workers), which never allocates.
-        if tag is not None and not FIRST_WORKER_TAG <= tag <= LAST_WORKER_TAG:
-            raise ArenaError(f"worker tag must be in [2, 255], got {tag}")
-        self.tag = tag
-        self.handle = handle
-        self._fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}", os.O_RDWR | os.O_CLOEXEC)
-        length = handle.data_offset + handle.n_pages * handle.page_bytes
-        self._mmap = _map(self._fd, length, handle.populate)
-        view = memoryview(self._mmap)
-        self._table = _PageTable(self._fd, view[: handle.n_pages], handle.page_bytes)
-        self._data = view[handle.data_offset :]
-
-    def view(self, allocation: Allocation, nbytes: int | None = None) -> memoryview:
-        """The writable bytes of ``allocation`` (its first ``nbytes``, by default all)."""
-        n = allocation.nbytes if nbytes is None else nbytes
-        return self._data[allocation.offset : allocation.offset + n]
-
-    def alloc(self, nbytes: int, *, timeout_s: float) -> Allocation:
-        """Allocate ``nbytes`` for this worker, waiting up to ``timeout_s`` for space."""
-        if self.tag is None:
-            raise ArenaError("this worker attached to the arena as a reader")
-        n_pages = self._table.pages_for(nbytes)
-        if n_pages > self.handle.n_pages:
-            raise ArenaFullError(
-                f"allocation of {nbytes} bytes exceeds the arena of "
-                f"{self.handle.n_pages * self.handle.page_bytes} bytes; raise ArenaConfig.size_bytes"
-            )
-        deadline = time.monotonic() + timeout_s
-        delay = 0.0005
-        while True:
-            allocation = self._table.try_alloc(n_pages, self.tag)
-            if allocation is not None:
-                return allocation
-            if time.monotonic() > deadline:
-                raise ArenaFullError(f"no {nbytes} bytes free in the arena within {timeout_s} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
-
-    def tensor(self, ref: ArenaTensor) -> Any:
-        """A tensor viewing the bytes ``ref`` names (valid while the owner keeps them)."""
-        from miles_lite.codecs.tensor_map import TensorRef
-        from miles_lite.codecs.tensors import materialize
-
-        return materialize(TensorRef(ref.offset, ref.nbytes, ref.dtype, ref.shape), self._data)
-
-    def free(self, allocation: Allocation) -> None:
-        """Give back an allocation this worker will not hand over (on error)."""
-        self._table.free(allocation.first_page, allocation.n_pages)

@@ -21,7 +21,8 @@ import anyio
 
 from miles_lite.codecs.tensors import materialize
 from miles_lite.errors import ConfigError, MilesLiteError
-from miles_lite.pools.arena import FIRST_WORKER_TAG, LAST_WORKER_TAG, Arena, ArenaConfig, Lease
+from miles_lite.pools.arena import Arena, ArenaConfig, Lease
+from miles_lite.pools.arena_pages import FIRST_WORKER_TAG, LAST_WORKER_TAG
 from miles_lite.pools.parser_worker import (
     FetchRequest,
     ParseResult,

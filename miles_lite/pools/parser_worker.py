@@ -28,7 +28,8 @@ from miles_lite.errors import (
     EngineUnavailableError,
     MilesLiteError,
 )
-from miles_lite.pools.arena import Allocation, ArenaHandle, WorkerArena
+from miles_lite.pools.arena_pages import Allocation, ArenaHandle
+from miles_lite.pools.worker_arena import WorkerArena
 
 __all__ = ["FetchRequest", "ParseResult", "fetch_and_parse", "init_parser_worker", "parse_in_arena"]
 

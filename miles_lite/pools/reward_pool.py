@@ -21,7 +21,9 @@ from typing import Any, Protocol
 import cloudpickle
 
 from miles_lite.errors import MilesLiteError, RewardError
-from miles_lite.pools.arena import Arena, ArenaHandle, ArenaTensor, WorkerArena
+from miles_lite.pools.arena import Arena
+from miles_lite.pools.arena_pages import ArenaHandle, ArenaTensor
+from miles_lite.pools.worker_arena import WorkerArena
 from miles_lite.pools.worker_pool import (
     ExecutorFactory,
     PoolWindow,

@@ -86,7 +86,11 @@ class PoolWindow:
         return self.calls > 0
 
 
-def _init_worker(user_init: Callable[..., None] | None, index: int, *args: Any) -> None:
+def _init_worker(user_init: Callable[..., None] | None, nice: int, index: int, *args: Any) -> None:
+    # The event loop is latency-bound, workers throughput-bound: under contention for the
+    # cores, the loop's process is scheduled first.
+    if nice:
+        os.nice(nice)
     # One thread per worker: N workers on N cores, and no OpenMP pool to hang in.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
@@ -151,7 +155,9 @@ class WorkerPool:
 
     ``initializer(index, *initargs_for(index))`` runs in worker ``index`` when it starts
     (and again in its replacement after a crash). ``on_crash(index)`` runs in the main
-    process when worker ``index`` is found dead, before it is replaced.
+    process when worker ``index`` is found dead, before it is replaced. Workers run at
+    ``nice`` (default +5) so that, when cores are short, the event loop's process runs
+    first; they get every idle core all the same.
 
     Use as ``async with WorkerPool(...) as pool: await pool.run(fn, *args)``.
     """
@@ -165,6 +171,7 @@ class WorkerPool:
         initializer: Callable[..., None] | None = None,
         initargs_for: Callable[[int], tuple[Any, ...]] | None = None,
         on_crash: Callable[[int], None] | None = None,
+        nice: int = 5,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"WorkerPool({name!r}): workers must be >= 1, got {workers}")
@@ -174,6 +181,7 @@ class WorkerPool:
         self._initializer = initializer
         self._initargs_for = initargs_for or (lambda _i: ())
         self._on_crash = on_crash
+        self._nice = nice
         self._executors: list[Executor] = []
         self._in_flight = [0] * workers
         self._next = 0
@@ -215,7 +223,8 @@ class WorkerPool:
 
     def _make(self, index: int) -> Executor:
         return self._factory(
-            functools.partial(_init_worker, self._initializer, index), self._initargs_for(index)
+            functools.partial(_init_worker, self._initializer, self._nice, index),
+            self._initargs_for(index),
         )
 
     @property

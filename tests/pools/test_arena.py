@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
-from miles_lite.pools.arena import Arena, ArenaConfig, WorkerArena
+from miles_lite.pools.arena import Arena, ArenaConfig
+from miles_lite.pools.worker_arena import WorkerArena
 
 pytestmark = pytest.mark.anyio
 

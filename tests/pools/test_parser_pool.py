@@ -154,8 +154,6 @@ async def test_killed_worker_pages_are_reclaimed_and_nothing_leaks(server: Serve
         assert parser.arena is not None
         worker_pid = await parser.pool.run(os.getpid)
         # A worker killed while it holds arena pages: they come back with its replacement.
-        from miles_lite.pools.arena import WorkerArena  # noqa: F401 (documents the owner)
-
         parser.arena._table.try_alloc(5, 2)
         os.kill(worker_pid, 9)
         with pytest.raises(WorkerCrashedError):

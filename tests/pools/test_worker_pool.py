@@ -102,3 +102,7 @@ def test_round_robin_is_fair(workers: int, calls: int) -> None:
     picks = [pool.pick() for _ in range(calls)]
     counts = [picks.count(i) for i in range(workers)]
     assert max(counts) - min(counts) <= 1
+
+
+async def test_workers_yield_the_cores_to_the_event_loop(pool: WorkerPool) -> None:
+    assert await pool.run(work.niceness) == os.nice(0) + 5

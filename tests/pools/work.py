@@ -27,3 +27,7 @@ def torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def niceness() -> int:
+    return os.nice(0)

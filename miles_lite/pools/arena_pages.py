@@ -1,0 +1,133 @@
+"""The arena's shared parts: its page table, the handle workers attach with, allocations.
+
+The page table has one byte per data page: 0 free, 1 owned by the main process, 2..255
+owned by the worker with that tag (allocated by it, not yet handed over). It is changed
+only under ``flock`` on the memfd, which the kernel releases if a holder dies, so workers
+allocate for themselves and the main process frees.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import mmap
+import threading
+from dataclasses import dataclass
+
+__all__ = [
+    "FIRST_WORKER_TAG",
+    "FREE",
+    "LAST_WORKER_TAG",
+    "PARENT",
+    "Allocation",
+    "ArenaHandle",
+    "ArenaTensor",
+    "PageTable",
+    "map_shared",
+]
+
+FREE = 0
+PARENT = 1
+FIRST_WORKER_TAG = 2
+LAST_WORKER_TAG = 255
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaHandle:
+    """What a worker needs to attach to an arena (small, picklable)."""
+
+    pid: int
+    fd: int
+    page_bytes: int
+    n_pages: int
+    data_offset: int
+    populate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """``n_pages`` pages from ``first_page``; ``offset`` is the byte offset in the data area."""
+
+    first_page: int
+    n_pages: int
+    page_bytes: int
+
+    @property
+    def offset(self) -> int:
+        return self.first_page * self.page_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_pages * self.page_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaTensor:
+    """A contiguous tensor that lies in the arena, named by place: ``nbytes`` at ``offset``
+    of the data area. Pickles in bytes, whatever the tensor's size."""
+
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class PageTable:
+    """The page table, shared by all processes; every change is made under flock."""
+
+    def __init__(self, fd: int, table: memoryview, page_bytes: int) -> None:
+        self._fd = fd
+        self._table = table
+        self._page_bytes = page_bytes
+        # flock excludes other processes, not other threads of this one.
+        self._thread_lock = threading.Lock()
+
+    def pages_for(self, nbytes: int) -> int:
+        return max(1, math.ceil(nbytes / self._page_bytes))
+
+    def try_alloc(self, n_pages: int, tag: int) -> Allocation | None:
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                first = bytes(self._table).find(bytes(n_pages))
+                if first < 0:
+                    return None
+                self._table[first : first + n_pages] = bytes([tag]) * n_pages
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return Allocation(first, n_pages, self._page_bytes)
+
+    def retag(self, first: int, n_pages: int, tag: int) -> None:
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                self._table[first : first + n_pages] = bytes([tag]) * n_pages
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def free(self, first: int, n_pages: int) -> None:
+        self.retag(first, n_pages, FREE)
+
+    def reclaim(self, tag: int) -> int:
+        """Free every page owned by ``tag`` (a dead worker); return how many."""
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                snapshot = bytes(self._table)
+                freed = snapshot.count(tag)
+                if freed:
+                    self._table[:] = snapshot.replace(bytes([tag]), bytes(1))
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return freed
+
+    def used_pages(self) -> int:
+        return len(self._table) - bytes(self._table).count(0)
+
+    def release(self) -> None:
+        self._table.release()
+
+
+def map_shared(fd: int, length: int, populate: bool) -> mmap.mmap:
+    flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
+    return mmap.mmap(fd, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
