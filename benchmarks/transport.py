@@ -147,6 +147,7 @@ class Measure:
     handoff_gbps: float | None = None
     failed: int = 0
     spills: float = 0.0
+    gc_max_ms: float = 0.0
 
 
 class MemorySampler:
@@ -221,6 +222,15 @@ async def measured_rollout(
 
     proc = psutil.Process()
     gc.collect()
+    pauses: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            pauses.append(-time.perf_counter())
+        elif pauses:
+            pauses[-1] += time.perf_counter()
+
+    gc.callbacks.append(on_gc)
     memory = MemorySampler(sampler_pids)
     cpu0 = sum(proc.cpu_times()[:2])
     if instrumented:
@@ -232,6 +242,7 @@ async def measured_rollout(
     else:
         result = await rollout.run(prompts)
     cpu = sum(proc.cpu_times()[:2]) - cpu0
+    gc.callbacks.remove(on_gc)
     m = Measure(
         rollout_time=result.metrics["perf/rollout_time"],
         gb=tensor_bytes(result.samples) / 1e9,
@@ -243,6 +254,7 @@ async def measured_rollout(
         parser_depth=result.metrics.get("perf/parser_max_queue_depth"),
         failed=len(result.failed),
         spills=result.metrics.get("perf/arena_spills", 0.0),
+        gc_max_ms=1e3 * max(pauses, default=0.0),
     )
     rates = [
         s.wire_bytes / (s.deserialize_end - s.deserialize_start) / 1e9
@@ -374,6 +386,7 @@ def report(
                 "wire_gb": m.wire_bytes / 1e9,
                 "failed_samples": m.failed,
                 "arena_spills": m.spills,
+                "gc_max_pause_ms": m.gc_max_ms,
             }
         )
     cols = [

@@ -17,20 +17,38 @@ def materialize(tree: Any, buffer: Any) -> Any:
 
     ``buffer`` is any object with the buffer protocol; each tensor holds a reference to
     it, so the memory stays valid while any tensor lives. A read-only buffer gives
-    tensors that must not be written (torch warns once).
+    tensors that must not be written (torch warns once). All tensors share one storage
+    over ``buffer`` (one ``frombuffer``, then a view per tensor: ~5 us each).
     """
-    if isinstance(tree, TensorRef):
-        dtype = _DTYPES[tree.dtype]
-        if tree.nbytes == 0:
-            return torch.empty(tree.shape, dtype=dtype)
-        return torch.frombuffer(
-            buffer, dtype=dtype, count=tree.nbytes // dtype.itemsize, offset=tree.offset
-        ).view(tree.shape)
-    if isinstance(tree, dict):
-        return {k: materialize(v, buffer) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [materialize(v, buffer) for v in tree]
-    return tree
+    return _Views(buffer).tree(tree)
+
+
+class _Views:
+    def __init__(self, buffer: Any) -> None:
+        self._buffer = buffer
+        self._base: torch.Tensor | None = None
+
+    def tree(self, tree: Any) -> Any:
+        if isinstance(tree, TensorRef):
+            return self.tensor(tree)
+        if isinstance(tree, dict):
+            return {k: self.tree(v) for k, v in tree.items()}
+        if isinstance(tree, list):
+            return [self.tree(v) for v in tree]
+        return tree
+
+    def tensor(self, ref: TensorRef) -> torch.Tensor:
+        dtype = _DTYPES[ref.dtype]
+        if ref.nbytes == 0:
+            return torch.empty(ref.shape, dtype=dtype)
+        if ref.offset % dtype.itemsize:
+            # Not aligned to its element size (an unaligned body): a storage of its own.
+            return torch.frombuffer(
+                self._buffer, dtype=dtype, count=ref.nbytes // dtype.itemsize, offset=ref.offset
+            ).view(ref.shape)
+        if self._base is None:
+            self._base = torch.frombuffer(self._buffer, dtype=torch.uint8)
+        return self._base[ref.offset : ref.offset + ref.nbytes].view(dtype).view(ref.shape)
 
 
 def decode_to_tensors(body: bytearray | memoryview, content_type: str | None) -> list[Any]:

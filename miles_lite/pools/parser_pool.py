@@ -14,6 +14,7 @@ valid while referenced and their pages are reused once they are all gone.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,9 +145,7 @@ class ParserPool:
         Waits while the arena is full (backpressure); raises ArenaFullError past
         ``ArenaConfig.wait_s``.
         """
-        if self.arena is None:
-            raise MilesLiteError("this ParserPool has no arena (ParserPoolConfig.arena=None)")
-        return await self.arena.lease(nbytes)
+        return await self._arena().lease(nbytes)
 
     async def parse(
         self,
@@ -191,17 +190,9 @@ class ParserPool:
         Raises the engine errors (unavailable, timeout, status, protocol), CodecError, or
         WorkerError. If cancelled, an answer that still arrives is freed.
         """
-        if self.arena is None:
-            raise MilesLiteError("fetch_in_parser needs an arena (ParserPoolConfig.arena)")
-        request = FetchRequest(
-            url=request.url,
-            path=request.path,
-            payload=request.payload,
-            request_id=request.request_id,
-            timeout_s=request.timeout_s,
-            max_body_bytes=request.max_body_bytes,
-            align=self.config.align,
-            alloc_wait_s=self.config.arena.wait_s if self.config.arena else 0.0,
+        arena = self._arena()
+        request = dataclasses.replace(
+            request, align=self.config.align, alloc_wait_s=arena.config.wait_s
         )
         result: ParseResult = await self.pool.run(
             fetch_and_parse, request, after_cancel=self._discard
@@ -213,11 +204,11 @@ class ParserPool:
             payload = result.payload
             buffer: Any = payload if isinstance(payload, bytearray) else bytearray(payload)
         elif result.allocation is not None:
-            assert self.arena is not None
-            buffer = self.arena.adopt(result.allocation, result.used_bytes).array
+            buffer = self._arena().adopt(result.allocation, result.used_bytes).array
+        elif lease is not None:
+            buffer = self._arena().shrink(lease, result.used_bytes).array
         else:
-            assert lease is not None and self.arena is not None
-            buffer = self.arena.shrink(lease, result.used_bytes).array
+            raise MilesLiteError("a parse result with neither bytes nor arena space")
         return ParsedBody(
             items=materialize(result.items, buffer),
             wire_bytes=result.wire_bytes,
@@ -226,6 +217,11 @@ class ParserPool:
             read_at=result.read_at,
             parsed_at=result.parsed_at,
         )
+
+    def _arena(self) -> Arena:
+        if self.arena is None:
+            raise MilesLiteError("this ParserPool has no arena (ParserPoolConfig.arena=None)")
+        return self.arena
 
     def _discard(self, result: ParseResult | None) -> None:
         if result is not None and result.allocation is not None and self.arena is not None:

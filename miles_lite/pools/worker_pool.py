@@ -156,7 +156,7 @@ class WorkerPool:
     ``initializer(index, *initargs_for(index))`` runs in worker ``index`` when it starts
     (and again in its replacement after a crash). ``on_crash(index)`` runs in the main
     process when worker ``index`` is found dead, before it is replaced. Workers run at
-    ``nice`` (default +5) so that, when cores are short, the event loop's process runs
+    ``nice`` (default +10) so that, when cores are short, the event loop's process runs
     first; they get every idle core all the same.
 
     Use as ``async with WorkerPool(...) as pool: await pool.run(fn, *args)``.
@@ -171,7 +171,7 @@ class WorkerPool:
         initializer: Callable[..., None] | None = None,
         initargs_for: Callable[[int], tuple[Any, ...]] | None = None,
         on_crash: Callable[[int], None] | None = None,
-        nice: int = 5,
+        nice: int = 10,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"WorkerPool({name!r}): workers must be >= 1, got {workers}")

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +22,7 @@ from miles_lite.pipeline import DiffusionRollout, PromptGroup, RolloutResult
 from miles_lite.pools import ParserPool, RewardPool
 from miles_lite.testing import StandInConfig, StandInEngine, synthetic_sample
 from miles_lite.types import Sample, SampleStatus
+from tests.garbage import collect_garbage
 
 pytestmark = pytest.mark.anyio
 
@@ -246,7 +246,7 @@ async def test_a_bad_answer_fails_its_microgroup_only(
     assert result.metrics["rollout/failed_samples"] == 2
     assert parser.arena is not None
     del result, failed, sample
-    gc.collect()
+    await collect_garbage()
     assert parser.arena.used_bytes == 0
 
 
@@ -327,7 +327,7 @@ async def test_a_cancelled_rollout_leaves_nothing_behind(parser: ParserPool) -> 
             with anyio.move_on_after(0.1):
                 await rollout.run(PROMPTS)
         await anyio.sleep(1.0)  # answers still arriving are freed as they land
-    gc.collect()
+    await collect_garbage()
     assert parser.arena is not None and parser.arena.used_bytes == 0
 
 
@@ -355,7 +355,7 @@ async def test_tensors_held_across_rollouts_stay_intact_and_released_space_is_re
         for sample in first.samples:
             assert torch.equal(sample.dit_trajectory.latents, kept[sample.index])  # type: ignore[union-attr]
         del first, second, sample
-        gc.collect()
+        await collect_garbage()
         assert small.arena.used_bytes == 0
         async with rollout_over(
             [engine.url], small, {}, n_samples_per_prompt=2, seed=2000

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import gc
 import os
 
 import anyio
@@ -10,6 +9,7 @@ import torch
 from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.worker_arena import WorkerArena
+from tests.garbage import collect_garbage
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +41,7 @@ async def test_held_tensor_is_never_overwritten_and_released_space_is_reused() -
         assert torch.all(held == 7.0)
         assert arena.try_lease(PAGE) is None  # full while the tensor is held
         del held
-        gc.collect()
+        await collect_garbage()
         again = arena.try_lease(3 * PAGE)
         assert again is not None and again.allocation.first_page == first
 
@@ -61,7 +61,7 @@ async def test_full_arena_applies_backpressure_until_space_is_released() -> None
             assert got == []  # still waiting
             assert arena.waits == 1
             holder.clear()
-            gc.collect()
+            await collect_garbage()
         assert got == [0]
 
 
@@ -94,7 +94,7 @@ async def test_worker_side_allocation_is_adopted_shrunk_and_reclaimed() -> None:
 
 
 async def test_nothing_is_left_after_close_even_while_tensors_live() -> None:
-    gc.collect()
+    await collect_garbage()
     before_shm = set(os.listdir("/dev/shm"))
     before = memfds()
     arena = await Arena.create(ArenaConfig(size_bytes=4 * PAGE, page_bytes=PAGE))
@@ -109,7 +109,7 @@ async def test_nothing_is_left_after_close_even_while_tensors_live() -> None:
     with pytest.raises(ClosedResourceError):
         await arena.lease(1)
     del t, arena
-    gc.collect()
+    await collect_garbage()
     assert memfds() == before
     assert set(os.listdir("/dev/shm")) == before_shm
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import AsyncIterator
 
@@ -14,6 +13,7 @@ from miles_lite.errors import CodecError, EngineProtocolError, EngineStatusError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from miles_lite.pools.parser_worker import FetchRequest
+from tests.garbage import collect_garbage
 from tests.pools.bodies import CTYPE, body
 
 pytestmark = pytest.mark.anyio
@@ -51,7 +51,7 @@ async def test_parse_in_place_gives_the_encoded_tensors_aligned(
     assert latents.data_ptr() % 64 == 0
     assert parser.arena is not None and parser.arena.used_bytes > 0
     del parsed, latents
-    gc.collect()
+    await collect_garbage()
     assert parser.arena.used_bytes == 0
 
 
@@ -62,7 +62,7 @@ async def test_a_malformed_body_is_a_codec_error_naming_url_and_request(parser: 
     with pytest.raises(CodecError, match=r"truncated.*engine http://e:1, request r-9"):
         await parser.parse(lease, CTYPE["msgpack"], url="http://e:1", request_id="r-9")
     del lease
-    gc.collect()
+    await collect_garbage()
     assert parser.arena is not None and parser.arena.used_bytes == 0
 
 

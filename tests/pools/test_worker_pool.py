@@ -105,4 +105,4 @@ def test_round_robin_is_fair(workers: int, calls: int) -> None:
 
 
 async def test_workers_yield_the_cores_to_the_event_loop(pool: WorkerPool) -> None:
-    assert await pool.run(work.niceness) == os.nice(0) + 5
+    assert await pool.run(work.niceness) == os.nice(0) + 10
