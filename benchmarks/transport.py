@@ -509,7 +509,7 @@ PRESETS = {
         "samples_per_prompt": 2,
         "microgroup_size": 1,
         "steps": 8,
-        "step_latency_s": 0.1,
+        "step_latency_s": 0.04,
     },
 }
 
