@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -32,6 +32,9 @@ from miles_lite.errors import (
 from miles_lite.testing.engine import StandInEngine
 from miles_lite.testing.engine_config import StandInConfig
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 __all__ = ["EngineProcess", "EngineProcessGroup"]
 
 _START_METHODS = ("spawn", "forkserver")
@@ -39,7 +42,50 @@ _START_METHODS = ("spawn", "forkserver")
 _POLL_S = 0.05
 
 
-class EngineProcess:
+class _StartStop:
+    """Sync and async context management over blocking ``start()``/``stop()``.
+
+    The async form runs them in a worker thread and stops even when cancelled in start.
+    """
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await anyio.to_thread.run_sync(self.start)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.stop)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.stop)
+
+
+class EngineProcess(_StartStop):
     """A :class:`~miles_lite.testing.StandInEngine` in a child process.
 
     Usage (sync or async)::
@@ -200,38 +246,8 @@ class EngineProcess:
         """The child's :class:`~miles_lite.testing.EngineStats` as JSON (blocking HTTP)."""
         return _call_json(f"{self.url}/_stand_in/stats", None)
 
-    def __enter__(self) -> EngineProcess:
-        self.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> EngineProcess:
-        try:
-            await anyio.to_thread.run_sync(self.start)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.stop)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.stop)
-
-
-class EngineProcessGroup:
+class EngineProcessGroup(_StartStop):
     """Several :class:`EngineProcess` started side by side (their start-ups overlap).
 
     Usage: ``with EngineProcessGroup([StandInConfig()] * 4) as group: group.urls``.
@@ -266,36 +282,6 @@ class EngineProcessGroup:
             process._signal_stop()  # signal all first: they shut down side by side
         for process in self.processes:
             process.stop()
-
-    def __enter__(self) -> EngineProcessGroup:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> EngineProcessGroup:
-        try:
-            await anyio.to_thread.run_sync(self.start)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.stop)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.stop)
 
 
 def _healthy(url: str) -> bool:
