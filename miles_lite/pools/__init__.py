@@ -12,6 +12,7 @@ from miles_lite.pools.reward_pool import (
 from miles_lite.pools.worker_pool import (
     ExecutorFactory,
     PoolWindow,
+    PoolWindows,
     WorkerPool,
     process_executor_factory,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "ParserPool",
     "ParserPoolConfig",
     "PoolWindow",
+    "PoolWindows",
     "RewardFn",
     "RewardPool",
     "RewardPoolLike",

@@ -14,8 +14,8 @@ API pool: the scorer) already had in flight; a call counts until its scores retu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import cloudpickle
@@ -27,6 +27,7 @@ from miles_lite.pools.worker_arena import WorkerArena
 from miles_lite.pools.worker_pool import (
     ExecutorFactory,
     PoolWindow,
+    PoolWindows,
     WorkerPool,
     process_executor_factory,
 )
@@ -181,23 +182,15 @@ class ApiRewardPool:
         self.name = name
         self.scorer = scorer
         self._in_flight = 0
-        self._windows: list[PoolWindow] = []
+        self._windows = PoolWindows()
 
-    @contextmanager
-    def measure(self) -> Iterator[PoolWindow]:
+    def measure(self) -> AbstractContextManager[PoolWindow]:
         """Statistics of the calls made inside the block."""
-        window = PoolWindow()
-        self._windows.append(window)
-        try:
-            yield window
-        finally:
-            self._windows.remove(window)
+        return self._windows.measure()
 
     async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
         """Score ``samples`` with one remote call; RewardError on failure."""
-        for window in self._windows:
-            window.calls += 1
-            window.max_queue_depth = max(window.max_queue_depth, self._in_flight)
+        self._windows.dispatched(self._in_flight)
         self._in_flight += 1
         try:
             scores = await self.scorer.score(samples)

@@ -18,8 +18,8 @@ import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -35,6 +35,7 @@ from miles_lite.errors import (
 __all__ = [
     "ExecutorFactory",
     "PoolWindow",
+    "PoolWindows",
     "WorkerPool",
     "process_executor_factory",
 ]
@@ -78,12 +79,39 @@ class PoolWindow:
     calls: int = 0
     max_queue_depth: int = 0
     crashes: int = 0
-    busy_s: list[float] = field(default_factory=list)
 
     @property
     def ran(self) -> bool:
         """Whether the pool ran any call in this window."""
         return self.calls > 0
+
+
+class PoolWindows:
+    """The measurement windows open on a pool: every dispatch and crash counts in each."""
+
+    def __init__(self) -> None:
+        self._open: list[PoolWindow] = []
+
+    @contextmanager
+    def measure(self) -> Iterator[PoolWindow]:
+        """Collect statistics of the calls dispatched inside the block."""
+        window = PoolWindow()
+        self._open.append(window)
+        try:
+            yield window
+        finally:
+            self._open.remove(window)
+
+    def dispatched(self, depth: int) -> None:
+        """A call was dispatched to a worker that had ``depth`` calls in flight."""
+        for window in self._open:
+            window.calls += 1
+            window.max_queue_depth = max(window.max_queue_depth, depth)
+
+    def crashed(self) -> None:
+        """A worker died."""
+        for window in self._open:
+            window.crashes += 1
 
 
 def _init_worker(user_init: Callable[..., None] | None, nice: int, index: int, *args: Any) -> None:
@@ -185,7 +213,7 @@ class WorkerPool:
         self._executors: list[Executor] = []
         self._in_flight = [0] * workers
         self._next = 0
-        self._windows: list[PoolWindow] = []
+        self._windows = PoolWindows()
         self._started = False
         self._closed = False
         self._cold: set[int] = set()
@@ -232,15 +260,9 @@ class WorkerPool:
         """Calls in flight per worker now."""
         return list(self._in_flight)
 
-    @contextmanager
-    def measure(self) -> Iterator[PoolWindow]:
+    def measure(self) -> AbstractContextManager[PoolWindow]:
         """Collect statistics of the calls dispatched inside the block."""
-        window = PoolWindow()
-        self._windows.append(window)
-        try:
-            yield window
-        finally:
-            self._windows.remove(window)
+        return self._windows.measure()
 
     def pick(self) -> int:
         """The next worker in round-robin order."""
@@ -283,9 +305,7 @@ class WorkerPool:
             await anyio.to_thread.run_sync(self._wait_started, [index])
         executor = self._executors[index]
         depth = self._in_flight[index]
-        for window in self._windows:
-            window.calls += 1
-            window.max_queue_depth = max(window.max_queue_depth, depth)
+        self._windows.dispatched(depth)
         self._in_flight[index] += 1
         call, extra = _portable(fn)
         future: Future[T] | None = None
@@ -318,8 +338,7 @@ class WorkerPool:
             return  # already replaced by another call that saw the same crash
         broken.shutdown(wait=False, cancel_futures=True)
         self.crashes += 1
-        for window in self._windows:
-            window.crashes += 1
+        self._windows.crashed()
         if self._on_crash is not None:
             self._on_crash(index)
         self._executors[index] = self._make(index)
