@@ -13,8 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from miles_lite.codecs.body import decode_body, wire_form
-from miles_lite.codecs.tensors import decode_to_tensors, materialize
+from miles_lite.codecs.body import wire_form
+from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.config import DiffusionRolloutConfig
 from miles_lite.engine import EngineClient, RawResponse, Router, retry_call
 from miles_lite.engine.response import BodyBuffer, allocate_fresh
@@ -144,22 +144,13 @@ async def _deserialize(state: DiffusionState, raw: RawResponse, rid: str) -> lis
         parsed = await parser.parse(body, raw.content_type, url=raw.url, request_id=rid)
         return parsed.items
     # Inline (and spilled msgpack bodies): zero-copy for msgpack, microseconds on the
-    # loop; base64/JSON here is the slow baseline the transport benchmark measures.
+    # loop; base64/JSON here is the slow baseline the transport benchmark measures. The
+    # tensors view raw.body, which keeps its buffer (an arena lease) alive.
     try:
-        if not isinstance(owner, Lease):
-            return decode_to_tensors(raw.body, raw.content_type)
-        decoded = decode_body(raw.body, raw.content_type)
+        return decode_to_tensors(raw.body, raw.content_type)
     except CodecError as exc:
-        if isinstance(owner, Lease):
-            owner.release()
         exc.with_context(url=raw.url, request_id=rid)
         raise
-    if decoded.in_place:
-        return materialize(decoded.items, owner.array)  # type: ignore[no-any-return]
-    out = bytearray(decoded.nbytes)
-    decoded.fill(memoryview(out))
-    owner.release()
-    return materialize(decoded.items, out)  # type: ignore[no-any-return]
 
 
 def _need_parser(state: DiffusionState) -> ParserPool:
