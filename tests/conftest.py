@@ -13,7 +13,8 @@ import pytest
 #: Generous for a shared 2-core machine; real stalls we guard against are 100x bigger.
 LOOP_BLOCK_LIMIT_S = 0.25
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "sglang" / "captures"
+#: Real SGLang 0.5.23 answers, copied into the repository so that any clone can test.
+CAPTURES = Path(__file__).resolve().parent / "data" / "sglang_captures"
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def fail_on_blocked_loop(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def captures() -> Path:
-    """The folder of real SGLang captures (../shared/sglang/captures)."""
+    """The folder of real SGLang captures (tests/data/sglang_captures)."""
     if not CAPTURES.is_dir():
         pytest.fail(f"captures not found at {CAPTURES}")
     return CAPTURES
