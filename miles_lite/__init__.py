@@ -14,6 +14,7 @@ from miles_lite.errors import (
     EngineStatusError,
     EngineTimeoutError,
     EngineUnavailableError,
+    FilterError,
     GenerateError,
     MilesLiteError,
     RewardError,
@@ -22,7 +23,15 @@ from miles_lite.errors import (
     WorkerTaskError,
 )
 from miles_lite.generate import GenerateFnInput, generate_diffusion
-from miles_lite.pipeline import DiffusionRollout, MicrogroupSpan, PromptGroup, RolloutResult
+from miles_lite.pipeline import (
+    DiffusionRollout,
+    FilterResult,
+    PromptGroup,
+    RolloutResult,
+    drop_aborted,
+    drop_failed,
+    drop_zero_std,
+)
 from miles_lite.pools import (
     ApiRewardPool,
     ArenaConfig,
@@ -32,6 +41,7 @@ from miles_lite.pools import (
     WorkerPool,
 )
 from miles_lite.run_sync import run_sync
+from miles_lite.spans import UnitSpan
 from miles_lite.types import DiTTrajectory, Sample, SampleStatus
 
 __version__ = "0.1.0"
@@ -56,9 +66,10 @@ __all__ = [
     "EngineStatusError",
     "EngineTimeoutError",
     "EngineUnavailableError",
+    "FilterError",
+    "FilterResult",
     "GenerateError",
     "GenerateFnInput",
-    "MicrogroupSpan",
     "MilesLiteError",
     "ParserPool",
     "ParserPoolConfig",
@@ -71,10 +82,14 @@ __all__ = [
     "RouterConfig",
     "Sample",
     "SampleStatus",
+    "UnitSpan",
     "WorkerCrashedError",
     "WorkerError",
     "WorkerPool",
     "WorkerTaskError",
+    "drop_aborted",
+    "drop_failed",
+    "drop_zero_std",
     "generate_diffusion",
     "run_sync",
 ]

@@ -17,13 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.errors import ConfigError
+from miles_lite.engine import EngineClient, RouterConfig
+from miles_lite.errors import ConfigError, EngineUnavailableError
 from miles_lite.generate.contract import load_function
 from miles_lite.pipeline import DiffusionRollout, RolloutResult
 from miles_lite.pools import ArenaConfig, ParserPoolConfig
 from miles_lite.run_sync import run_sync
 
 __all__ = ["main"]
+
+#: How long ``miles-lite rollout`` waits for each engine's /health before giving up (s).
+_HEALTH_TIMEOUT_S = 5.0
 
 DEMO_PROMPTS = [
     "a red fox in fresh snow",
@@ -44,6 +48,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--samples-per-prompt", type=int, default=4)
     g.add_argument("--microgroup-size", type=int, default=2)
     g.add_argument("--max-inflight-per-engine", type=int, default=4)
+    g.add_argument(
+        "--rollout-batch-size", type=int, default=None, help="groups to keep (default: all)"
+    )
+    g.add_argument(
+        "--over-sampling-batch-size", type=int, default=None, help="groups started at a time"
+    )
     g.add_argument("--steps", type=int, default=8, help="num_inference_steps")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--transport", choices=["pool", "inline"], default="pool")
@@ -104,26 +114,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, commands = build_parser()
     args, _ = parser.parse_known_args(argv)
     generate = None
+    options: dict[str, Any] = {}
     if args.custom_generate_function_path:
-        generate = load_function(args.custom_generate_function_path)
-        add_arguments = getattr(generate, "add_arguments", None)
-        if add_arguments is not None:
-            add_arguments(commands[args.command])
+        try:
+            generate = load_function(args.custom_generate_function_path)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        options = _function_flags(generate, commands[args.command])
     args = parser.parse_args(argv)
+    # The values of the generate function's own flags reach it as ``input.options``.
+    options = {dest: getattr(args, dest) for dest in options}
     try:
         if args.command == "demo":
-            result = _demo(args, generate)
+            result = _demo(args, generate, options)
         else:
+            if args.reward == "clip" and not args.clip_model and not args.reward_function_path:
+                raise ConfigError(
+                    "--reward clip against real engines needs --clip-model (a PickScore/CLIP"
+                    " checkpoint folder): a randomly initialised CLIP scores noise;"
+                    " or pick --reward mean / none, or --reward-function-path"
+                )
             result = run_sync(
-                _rollout, list(args.engine_url), args, generate, use_uvloop=args.uvloop
+                _rollout, list(args.engine_url), args, generate, options, use_uvloop=args.uvloop
             )
     except ConfigError as exc:
         parser.error(str(exc))
+    except EngineUnavailableError as exc:
+        print(f"miles-lite: {exc}", file=sys.stderr)
+        return 2
     _report(result, args)
     return 1 if result.failed else 0
 
 
-def _demo(args: argparse.Namespace, generate: Any) -> RolloutResult:
+def _function_flags(fn: Any, parser: argparse.ArgumentParser) -> dict[str, None]:
+    """Let ``fn.add_arguments(parser)`` register its flags; return their destinations."""
+    add_arguments = getattr(fn, "add_arguments", None)
+    if add_arguments is None:
+        return {}
+    before = {action.dest for action in parser._actions}
+    add_arguments(parser)
+    return {action.dest: None for action in parser._actions if action.dest not in before}
+
+
+def _demo(args: argparse.Namespace, generate: Any, options: dict[str, Any]) -> RolloutResult:
     from miles_lite.testing import EngineProcessGroup, StandInConfig
 
     engine = StandInConfig(
@@ -138,10 +171,12 @@ def _demo(args: argparse.Namespace, generate: Any) -> RolloutResult:
     )
     print(f"starting {args.engines} stand-in engine(s) on loopback ...", file=sys.stderr)
     with EngineProcessGroup([engine] * args.engines) as group:
-        return run_sync(_rollout, group.urls, args, generate, use_uvloop=args.uvloop)
+        return run_sync(_rollout, group.urls, args, generate, options, use_uvloop=args.uvloop)
 
 
-async def _rollout(urls: list[str], args: argparse.Namespace, generate: Any) -> RolloutResult:
+async def _rollout(
+    urls: list[str], args: argparse.Namespace, generate: Any, options: dict[str, Any]
+) -> RolloutResult:
     sampling = DiffusionSamplingParams(
         num_inference_steps=args.steps,
         width=getattr(args, "width", None),
@@ -153,8 +188,9 @@ async def _rollout(urls: list[str], args: argparse.Namespace, generate: Any) -> 
     config = DiffusionRolloutConfig(
         n_samples_per_prompt=args.samples_per_prompt,
         microgroup_size=args.microgroup_size,
-        max_inflight_per_engine=args.max_inflight_per_engine,
         seed=args.seed,
+        rollout_batch_size=args.rollout_batch_size,
+        over_sampling_batch_size=args.over_sampling_batch_size,
         sampling=sampling,
         transport=args.transport,
         fetch_in_parser=args.fetch_in_parser,
@@ -169,13 +205,26 @@ async def _rollout(urls: list[str], args: argparse.Namespace, generate: Any) -> 
         async with DiffusionRollout.open(
             urls,
             config=config,
+            router_config=RouterConfig(max_inflight_per_engine=args.max_inflight_per_engine),
             parser_config=parser_config,
             rewards=rewards,
             reward_workers=args.reward_workers,
             generate=generate,
+            generate_options=options,
             progress=not args.no_progress,
         ) as rollout:
+            await _check_reachable(rollout.state.client, urls)
             return await rollout.run(prompts)
+
+
+async def _check_reachable(client: EngineClient, urls: list[str]) -> None:
+    """Fail at once, in one line, when no engine answers its /health."""
+    ok = [await client.health(url, timeout_s=_HEALTH_TIMEOUT_S) for url in urls]
+    if not any(ok):
+        raise EngineUnavailableError(
+            f"no engine answers /health within {_HEALTH_TIMEOUT_S} s: {', '.join(urls)};"
+            " check that the servers are running and the URLs are right"
+        )
 
 
 def _reward_fn(args: argparse.Namespace, tmp: Path) -> Any:

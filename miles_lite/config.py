@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from miles_lite.errors import ConfigError
 
-__all__ = ["DiffusionRolloutConfig", "DiffusionSamplingParams"]
+__all__ = ["DiffusionRolloutConfig", "DiffusionSamplingParams", "check_batching"]
 
 SdeType = Literal["sde", "cps", "ode"]
 Transport = Literal["pool", "inline"]
@@ -79,10 +79,11 @@ class DiffusionRolloutConfig:
     - ``n_samples_per_prompt``: samples per prompt (a group); ``microgroup_size``: samples
       per ``/rollout/generate`` request (its ``num_outputs_per_prompt``); the last
       microgroup of a group may be smaller.
-    - ``max_inflight_per_engine``: microgroups generating at once per engine.
-    - ``seed``: base seed; group ``g`` gets seeds ``seed + g * n_samples_per_prompt + j``
-      unless the prompt brings its own list. Each request carries the seed of its first
-      sample; sample ``i`` of a microgroup gets ``request seed + i`` (as in miles).
+    - ``seed``: base seed. A group's seeds come from (seed, rollout id, group), so two
+      rollouts of the same prompts never reuse noise and a given rollout id reproduces
+      them (:func:`~miles_lite.pipeline.seeds.group_seeds`); a prompt may bring its own
+      list. Each request carries the seed of its first sample; sample ``i`` of a
+      microgroup gets ``request seed + i`` (as SGLang-diffusion does).
     - ``transport``: ``"pool"`` decodes in the parser pool, ``"inline"`` on the event loop
       (zero-copy for msgpack; base64/JSON inline is the slow baseline).
     - ``fetch_in_parser``: the parser worker posts the request and reads the body itself;
@@ -91,25 +92,33 @@ class DiffusionRolloutConfig:
     - ``reward``: the default reward kind (a key of the rollout's reward pools), overridden
       per sample by ``metadata["rm_type"]``; ``group_reward``: a kind scored once per
       whole group after its microgroups land (``group_rm``); ``None``: no reward.
-    - ``request_timeout_s``: limit for one request, generation included.
+    - ``rollout_batch_size``: groups to keep (miles' name); the rollout stops once that
+      many passed the filters (``None``: every prompt given). ``over_sampling_batch_size``:
+      groups started at a time while more are needed (default: ``rollout_batch_size``).
+    - ``stop_timeout_s``: bound on an early stop (cancelling in-flight requests).
+
+    The in-flight bound belongs to the engines (``RouterConfig.max_inflight_per_engine``),
+    request limits to the client (``EngineClientConfig.total_timeout_s``,
+    ``max_body_bytes``).
 
     Usage: ``DiffusionRolloutConfig(n_samples_per_prompt=8, microgroup_size=4)``.
     """
 
     n_samples_per_prompt: int = 4
     microgroup_size: int = 2
-    max_inflight_per_engine: int = 4
     seed: int = 0
     sampling: DiffusionSamplingParams = field(default_factory=DiffusionSamplingParams)
     transport: Transport = "pool"
     fetch_in_parser: bool = False
     reward: str | None = None
     group_reward: str | None = None
-    request_timeout_s: float = 1800.0
-    max_body_bytes: int = 4 << 30
+    rollout_batch_size: int | None = None
+    over_sampling_batch_size: int | None = None
+    stop_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("n_samples_per_prompt", "microgroup_size", "max_inflight_per_engine"):
+        check_batching(self)
+        for name in ("n_samples_per_prompt", "microgroup_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(
@@ -121,16 +130,31 @@ class DiffusionRolloutConfig:
             )
         if self.fetch_in_parser and self.transport != "pool":
             raise ConfigError("DiffusionRolloutConfig.fetch_in_parser needs transport='pool'")
-        if not self.request_timeout_s > 0:
-            raise ConfigError(
-                f"DiffusionRolloutConfig.request_timeout_s must be > 0, got {self.request_timeout_s!r}"
-            )
-        if self.max_body_bytes < 1:
-            raise ConfigError(
-                f"DiffusionRolloutConfig.max_body_bytes must be >= 1, got {self.max_body_bytes}"
-            )
 
     def microgroups(self, n_samples: int | None = None) -> list[tuple[int, int]]:
         """``(start, size)`` of each microgroup of a group of ``n_samples`` samples."""
         n = self.n_samples_per_prompt if n_samples is None else n_samples
         return [(s, min(self.microgroup_size, n - s)) for s in range(0, n, self.microgroup_size)]
+
+
+def check_batching(config: Any) -> None:
+    """Check the oversampling fields every rollout config shares; ConfigError if wrong."""
+    name = type(config).__name__
+    for field_name in ("rollout_batch_size", "over_sampling_batch_size"):
+        value = getattr(config, field_name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ConfigError(f"{name}.{field_name} must be None or an int >= 1, got {value!r}")
+    over, target = config.over_sampling_batch_size, config.rollout_batch_size
+    if over is not None and target is not None and over < target:
+        raise ConfigError(
+            f"{name}.over_sampling_batch_size ({over}) must be >= rollout_batch_size ({target})"
+        )
+    timeout = config.stop_timeout_s
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < math.inf
+    ):
+        raise ConfigError(f"{name}.stop_timeout_s must be a finite number > 0, got {timeout!r}")

@@ -18,7 +18,8 @@
     │   ├── WorkerCrashedError               the worker process died
     │   └── WorkerTaskError                  the function raised; carries the remote traceback
     ├── RewardError                          a reward function failed
-    └── GenerateError                        a custom generate function raised
+    ├── FilterError                          a dynamic filter raised: its group is dropped
+    └── GenerateError                        a generate function raised
 
 Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
 them in their message. ``retryable`` is a class attribute the retry policy reads; an
@@ -40,6 +41,7 @@ __all__ = [
     "EngineStatusError",
     "EngineTimeoutError",
     "EngineUnavailableError",
+    "FilterError",
     "GenerateError",
     "MilesLiteError",
     "RewardError",
@@ -217,5 +219,15 @@ class RewardError(MilesLiteError):
     """Raised when a reward function fails or returns the wrong number of scores."""
 
 
+class FilterError(MilesLiteError):
+    """Raised when a dynamic filter raises; its group is dropped (reason ``filter_error``).
+
+    The filter's own exception is the ``__cause__``.
+    """
+
+
 class GenerateError(MilesLiteError):
-    """Raised when a generate function fails with an exception that is not a MilesLiteError."""
+    """Raised when a generate function fails with an exception that is not a MilesLiteError.
+
+    The function's own exception is the ``__cause__``, with its traceback.
+    """

@@ -1,13 +1,19 @@
-"""The generate-function contract: ``async def generate(input) -> Sample | list[Sample]``."""
+"""The generate-function contract: ``async def generate(input) -> Sample | list[Sample]``.
+
+As miles documents it: the input carries the sample(s) to fill, the request's sampling
+parameters and the rollout's ``state`` (tokenizer, engine router, settings), and the
+output is one :class:`~miles_lite.types.Sample` or a list of them.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from miles_lite.errors import ConfigError
+from miles_lite.spans import UnitSpan
 from miles_lite.types import Sample
 
 __all__ = ["GenerateFn", "GenerateFnInput", "GenerateFnOutput", "load_function"]
@@ -19,18 +25,25 @@ GenerateFnOutput = Sample | list[Sample]
 class GenerateFnInput:
     """What a generate function gets.
 
-    ``samples``: the samples to fill (one for text generation, a microgroup for
-    diffusion; ``sample`` is the first); ``sampling_params``: request fields;
-    ``state``: the rollout's resources (engine client, router, pools, config), typed by
-    the rollout kind; ``spans``: a dict the function may fill with stage times
-    (``time.monotonic()``): ``generate_start``/``generate_end``/``deserialize_start``/
-    ``deserialize_end``, and ``wire_bytes``.
+    - ``samples``: the samples to fill (one for text, a microgroup for diffusion);
+      ``sample`` is the first (for text, the only one);
+    - ``sampling_params``: the request's sampling fields (a fresh dict per call: the
+      function may change it);
+    - ``state``: the rollout's resources, typed by the rollout kind
+      (:class:`~miles_lite.generate.diffusion.DiffusionState`, ``TextState``);
+    - ``span``: the unit's stage record; the function fills ``generate_start`` /
+      ``generate_end`` (and ``deserialize_*``, ``engine``, ``requests``, ``wire_bytes``,
+      ``non_generation_time_s`` where it knows them);
+    - ``options``: values of the flags the function registered with its
+      ``add_arguments(parser)`` attribute (CLI), or given by a library user
+      (``generate_options=`` of the rollout), by flag destination name.
     """
 
     samples: list[Sample]
     sampling_params: dict[str, Any]
     state: Any
-    spans: dict[str, Any] = field(default_factory=dict)
+    span: UnitSpan = field(default_factory=lambda: UnitSpan(group_index=0, unit_index=0, size=1))
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def sample(self) -> Sample:

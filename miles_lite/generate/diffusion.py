@@ -63,7 +63,7 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
 
     Records ``generate_*``/``deserialize_*`` times, ``engine``, ``wire_bytes`` and
     ``spilled`` (the arena was full: the body went through private memory) in
-    ``input.spans``. Raises engine, codec and worker errors (typed, with engine URL and
+    ``input.span``. Raises engine, codec and worker errors (typed, with engine URL and
     request id); the caller marks the samples failed.
     """
     state: DiffusionState = input.state
@@ -71,31 +71,33 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
     samples = input.samples
     payload = build_request(samples, input.sampling_params)
     rid = uuid.uuid4().hex
-    spans = input.spans
-    spans["generate_start"] = time.monotonic()
+    span = input.span
+    span.generate_start = time.monotonic()
 
     if cfg.fetch_in_parser:
         parser = _need_parser(state)
+        # The engine client's config owns every per-request limit, in both transports.
+        limits = state.client.config
 
         async def fetch_once() -> Any:
             async with state.router.lease() as url:
-                spans["engine"] = url
+                span.engine = url
                 request = FetchRequest(
                     url=url,
                     path=PATH,
                     payload=payload,
                     request_id=rid,
-                    timeout_s=cfg.request_timeout_s,
-                    max_body_bytes=cfg.max_body_bytes,
+                    timeout_s=limits.total_timeout_s or limits.read_timeout_s or 0.0,
+                    max_body_bytes=limits.max_body_bytes,
                 )
                 return await parser.fetch(request)
 
         parsed = await retry_call(state.client.config.retry, fetch_once, rand=state.rand.random)
-        spans["spilled"] = parsed.spilled
-        spans["generate_end"] = parsed.read_at
-        spans["deserialize_start"] = parsed.read_at
+        span.spilled = parsed.spilled
+        span.generate_end = parsed.read_at
+        span.deserialize_start = parsed.read_at
         items = parsed.items
-        spans["wire_bytes"] = parsed.wire_bytes
+        span.wire_bytes = parsed.wire_bytes
     else:
         arena = state.arena
 
@@ -106,26 +108,26 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
                 return await arena.lease(nbytes)
             except ArenaFullError:
                 # Everything in the arena is held: spill this body rather than fail.
-                spans["spilled"] = True
+                span.spilled = True
                 return await allocate_fresh(nbytes)
 
         async def post_once() -> RawResponse:
             async with state.router.lease() as url:
-                spans["engine"] = url
+                span.engine = url
                 return await state.client.post(
-                    url, PATH, payload, request_id=rid, into=into, timeout_s=cfg.request_timeout_s
+                    url, PATH, payload, request_id=rid, into=into
                 )
 
         raw = await post_once()  # the client retries retryable failures on this engine
-        spans["generate_end"] = spans["deserialize_start"] = time.monotonic()
-        spans["wire_bytes"] = len(raw.body)
+        span.generate_end = span.deserialize_start = time.monotonic()
+        span.wire_bytes = len(raw.body)
         items = await _deserialize(state, raw, rid)
-    spans["deserialize_end"] = time.monotonic()
+    span.deserialize_end = time.monotonic()
 
     if len(items) != len(samples):
         raise EngineProtocolError(
             f"engine returned {len(items)} samples for num_outputs_per_prompt={len(samples)}",
-            url=spans.get("engine"),
+            url=span.engine,
             request_id=rid,
         )
     for i, (sample, item) in enumerate(zip(samples, items, strict=True)):

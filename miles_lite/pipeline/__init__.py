@@ -1,11 +1,27 @@
-"""Rollout drivers: microgroup tasks, groups, metrics."""
+"""Rollouts: the generic driver and its users (diffusion, text), filters, seeds, results."""
 
-from miles_lite.pipeline.diffusion_rollout import (
-    DiffusionRollout,
+from miles_lite.pipeline.diffusion_rollout import DiffusionRollout, PromptGroup
+from miles_lite.pipeline.driver import Driver, RolloutKind
+from miles_lite.pipeline.filters import (
+    FilterResult,
     GroupFilter,
-    PromptGroup,
-    RolloutResult,
+    drop_aborted,
+    drop_failed,
+    drop_zero_std,
 )
-from miles_lite.pipeline.spans import MicrogroupSpan
+from miles_lite.pipeline.result import RolloutResult
+from miles_lite.pipeline.seeds import group_seeds
 
-__all__ = ["DiffusionRollout", "GroupFilter", "MicrogroupSpan", "PromptGroup", "RolloutResult"]
+__all__ = [
+    "DiffusionRollout",
+    "Driver",
+    "FilterResult",
+    "GroupFilter",
+    "PromptGroup",
+    "RolloutKind",
+    "RolloutResult",
+    "drop_aborted",
+    "drop_failed",
+    "drop_zero_std",
+    "group_seeds",
+]

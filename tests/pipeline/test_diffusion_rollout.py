@@ -47,9 +47,10 @@ async def rollout_over(
         **config_kwargs,
     )
     client_config = EngineClientConfig(retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01))
+    router_config = RouterConfig(max_inflight_per_engine=kwargs.pop("max_inflight_per_engine", 4))
     async with (
         EngineClient(client_config) as client,
-        Router(urls, client, RouterConfig()) as router,
+        Router(urls, client, router_config) as router,
     ):
         yield DiffusionRollout(
             config=config, client=client, router=router, parser=parser, rewards=rewards, **kwargs
@@ -76,7 +77,8 @@ def check_tensors(result: RolloutResult, n: int, microgroup: int, wire: str = "m
     for sample in result.samples:
         j = sample.index % n
         position = j % microgroup
-        request_seed = sample.index - position  # seeds default to index (seed=0)
+        first = result.samples[sample.index - position]  # the microgroup's first sample
+        request_seed = first.seed
         assert sample.seed == request_seed + position
         want = expected(sample, request_seed, position, wire)
         assert sample.dit_trajectory is not None
@@ -432,7 +434,7 @@ async def test_a_full_arena_spills_instead_of_failing(mode: str, arena_bytes: in
         result = await rollout.run(PROMPTS)
     assert not result.failed
     assert result.metrics["perf/arena_spills"] >= 1
-    request_seeds = {s.index: s.index - s.index % 2 for s in result.samples}
     for sample in result.samples:
-        want = expected(sample, request_seeds[sample.index], sample.index % 2, wire, engine_config)
+        position = sample.index % 2
+        want = expected(sample, sample.seed - position, position, wire, engine_config)
         assert torch.equal(sample.dit_trajectory.latents, want["dit_trajectory"]["latents"])  # type: ignore[union-attr]

@@ -1,26 +1,32 @@
-"""Per-microgroup stage times and the metrics computed from them."""
+"""Stage times of every unit of work (a diffusion microgroup, a text sample) and their metrics."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["MicrogroupSpan", "span_metrics"]
+__all__ = ["UnitSpan", "span_metrics"]
 
 
 @dataclass
-class MicrogroupSpan:
-    """When each stage of one microgroup started and ended (``time.monotonic()`` seconds).
+class UnitSpan:
+    """When each stage of one unit of work started and ended (``time.monotonic()`` seconds).
 
-    ``engine`` is the URL that generated it, ``wire_bytes`` its body size, ``error`` the
-    message of the error that failed it (None if it succeeded). A stage that did not run
-    has ``None`` times. ``spilled``: the arena was full, the body took private memory.
+    A unit is a diffusion microgroup or one text sample. The driver fills the indices and
+    the reward stage; the generate function fills the rest through ``input.span``.
+    ``engine`` is the URL that generated it (the last one, for several requests),
+    ``requests`` the number of engine requests it made, ``wire_bytes`` its body bytes,
+    ``non_generation_time_s`` time spent outside the engine (tools, environments),
+    ``error`` the message of the error that failed it (None if it succeeded). A stage that
+    did not run has ``None`` times. ``spilled``: the arena was full, the body took private
+    memory.
     """
 
     group_index: int
-    microgroup_index: int
+    unit_index: int
     size: int
     engine: str | None = None
+    requests: int = 0
     generate_start: float | None = None
     generate_end: float | None = None
     deserialize_start: float | None = None
@@ -28,6 +34,7 @@ class MicrogroupSpan:
     reward_start: float | None = None
     reward_end: float | None = None
     wire_bytes: int = 0
+    non_generation_time_s: float = 0.0
     spilled: bool = False
     error: str | None = None
 
@@ -40,8 +47,8 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def span_metrics(spans: list[MicrogroupSpan]) -> dict[str, float]:
-    """Mean stage durations (seconds) and bytes over microgroups."""
+def span_metrics(spans: list[UnitSpan]) -> dict[str, float]:
+    """Mean and max stage durations (seconds), wire bytes and arena spills over units."""
     out: dict[str, float] = {}
     for stage in ("generate", "deserialize", "reward"):
         durations = [
