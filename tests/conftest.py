@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from blockbuster import blockbuster_ctx
 
 #: A callback or task step on the event loop that runs longer than this fails the test.
 #: Generous for a shared 2-core machine; real stalls we guard against are 100x bigger.
@@ -33,16 +34,36 @@ class _SlowCallbacks(logging.Handler):
             self.records.append(msg)
 
 
+#: Calls that are blocking in name only: a write to the self-pipe that wakes the
+#: executor's manager thread (a few bytes into an empty pipe), by function and file.
+_CAN_BLOCK: dict[str, list[tuple[str, set[str]]]] = {
+    "os.write": [("concurrent/futures/process.py", {"wakeup", "__init__"})],
+}
+
+
 @pytest.fixture(autouse=True)
 def fail_on_blocked_loop(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail the test if any event-loop step ran longer than LOOP_BLOCK_LIMIT_S.
+    """Fail the test if the library blocks the event loop.
 
-    asyncio's debug mode (enabled by ``anyio_backend``) logs every slow step; we set the
-    threshold when the loop starts and turn the log lines into a failure.
+    Two detectors, on any event loop (asyncio and uvloop alike):
+
+    - blockbuster: any blocking call (file and socket I/O, ``time.sleep``, lock waits, ...)
+      made by miles_lite code on the loop's thread raises ``BlockingError``, however short;
+    - asyncio's debug mode (enabled by ``anyio_backend``) logs every step slower than
+      LOOP_BLOCK_LIMIT_S (CPU-bound stalls blockbuster cannot see); the log lines become a
+      failure.
     """
     if "anyio_backend" not in request.fixturenames:
         yield
         return
+    with blockbuster_ctx(["miles_lite"]) as detector:
+        for name, places in _CAN_BLOCK.items():
+            for filename, functions in places:
+                detector.functions[name].can_block_in(filename, functions)
+        yield from _slow_steps_fail()
+
+
+def _slow_steps_fail() -> Iterator[None]:
     import asyncio
 
     handler = _SlowCallbacks()

@@ -23,3 +23,30 @@ def test_guard_fails_a_test_that_blocks_the_loop(pytester: pytest.Pytester) -> N
     outcomes = result.parseoutcomes()
     assert outcomes.get("errors", 0) + outcomes.get("failed", 0) == 1, outcomes
     assert "event loop was blocked" in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_guard_catches_a_short_blocking_call_of_the_library_on_both_loops(
+    pytester: pytest.Pytester, loop: str
+) -> None:
+    # run_sync from inside a running loop joins a helper thread: a blocking wait of the
+    # library on the loop's thread, however short it is.
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(
+        f"""
+        import anyio, pytest
+        from miles_lite import run_sync
+
+        @pytest.fixture
+        def anyio_backend():
+            return ("asyncio", {{"use_uvloop": {loop == "uvloop"}}})
+
+        @pytest.mark.anyio
+        async def test_blocks():
+            run_sync(anyio.sleep, 0.001)
+        """
+    )
+    result = pytester.runpytest("-p", "anyio")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 1, outcomes
+    assert "BlockingError" in result.stdout.str()
