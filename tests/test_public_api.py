@@ -68,3 +68,9 @@ def test_every_error_says_what_it_is_raised_for() -> None:
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert obj.__doc__ and obj.__doc__.startswith("Raised when"), name
             assert issubclass(obj, miles_lite.MilesLiteError)
+
+
+def test_the_package_ships_its_types() -> None:
+    from importlib.resources import files
+
+    assert files("miles_lite").joinpath("py.typed").is_file()
