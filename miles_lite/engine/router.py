@@ -56,6 +56,11 @@ class RouterConfig:
     wait_timeout_s: float = 60.0
     #: Sticky keys remembered (least recently used ones are forgotten first).
     max_sticky_keys: int = 100_000
+    #: Leases open at once on one engine, whoever holds them (every rollout sharing this
+    #: router): a lease waits for a free slot. When an engine leaves the rotation, the
+    #: others do not take its share. For SGLang, about its ``--max-running-requests``
+    #: (plus a queued request or two, so the engine never idles between answers).
+    max_inflight_per_engine: int = 4
 
     def __post_init__(self) -> None:
         for name in ("health_interval_s", "health_timeout_s", "wait_timeout_s"):
@@ -66,7 +71,7 @@ class RouterConfig:
                 or not 0 < value < float("inf")
             ):
                 raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        for name in ("failure_threshold", "max_sticky_keys"):
+        for name in ("failure_threshold", "max_sticky_keys", "max_inflight_per_engine"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
@@ -155,9 +160,10 @@ class Router:
                 raw = await client.post(url, "/generate", payload)
     """
 
-    #: Set (and replaced) whenever an engine rejoins the rotation. Made on entering: an
-    #: anyio.Event needs the running event loop. Used only while running.
-    _admitted: anyio.Event
+    #: Set (and replaced) whenever a lease may now succeed: a slot was freed, an engine
+    #: rejoined the rotation, the router closed. Made on entering: an anyio.Event needs the
+    #: running event loop. Used only while running.
+    _changed: anyio.Event
 
     def __init__(
         self, urls: Sequence[str], client: EngineClient, config: RouterConfig | None = None
@@ -218,10 +224,12 @@ class Router:
     def lease(self, key: str | None = None) -> AbstractAsyncContextManager[str]:
         """An async context manager giving the URL of the engine to use, counted in flight.
 
-        Picks the healthy engine with the fewest leases open (ties go round robin). With a
-        ``key``, the engine remembered for it is kept while it is healthy; otherwise the
-        least loaded one is chosen and remembered. When no engine is healthy, waits for one
-        up to ``wait_timeout_s``, then raises ``EngineUnavailableError`` listing the URLs.
+        Picks the healthy engine with the fewest leases open (ties go round robin) among
+        those under ``max_inflight_per_engine``, waiting for a free slot when all are full
+        (for as long as it takes: they are working). With a ``key``, the engine remembered
+        for it is kept while it is healthy (waiting for its slot); otherwise the least
+        loaded one is chosen and remembered. When no engine is healthy, waits for one up to
+        ``wait_timeout_s``, then raises ``EngineUnavailableError`` listing the URLs.
 
         When the block raises an ``EngineUnavailableError``, ``EngineTimeoutError`` or 5xx
         ``EngineStatusError`` about this engine (also inside an exception group), a failure
@@ -236,7 +244,7 @@ class Router:
             raise ClosedResourceError(
                 f"router {self._describe()} was already started; make a new Router"
             )
-        self._admitted = anyio.Event()
+        self._changed = anyio.Event()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -267,29 +275,43 @@ class Router:
 
     async def _acquire(self, key: str | None) -> _Engine:
         self._check_running()
-        engine = self._pick(key)
-        if engine is not None:
-            return engine
-        self._waits += 1
-        with anyio.move_on_after(self._config.wait_timeout_s):
-            while engine is None:
-                await self._admitted.wait()
-                self._check_running()
-                engine = self._pick(key)
-            return engine
-        self._wait_timeouts += 1
-        raise EngineUnavailableError(
-            f"no healthy engine among {list(self._urls)} after waiting"
-            f" {self._config.wait_timeout_s} s (wait_timeout_s); check that they are running"
-        )
+        deadline: float | None = None  # set only while no engine is healthy
+        while True:
+            engine = self._pick(key)
+            if engine is not None:
+                return engine
+            if self.healthy_urls:
+                # Healthy but full: wait for a slot, unbounded (the engines are working).
+                deadline = None
+                await self._changed.wait()
+            else:
+                now = anyio.current_time()
+                if deadline is None:
+                    self._waits += 1
+                    deadline = now + self._config.wait_timeout_s
+                with anyio.move_on_after(deadline - now):
+                    await self._changed.wait()
+                if anyio.current_time() >= deadline and not self.healthy_urls:
+                    self._wait_timeouts += 1
+                    raise EngineUnavailableError(
+                        f"no healthy engine among {list(self._urls)} after waiting"
+                        f" {self._config.wait_timeout_s} s (wait_timeout_s); check that they"
+                        " are running"
+                    )
+            self._check_running()
 
     def _pick(self, key: str | None) -> _Engine | None:
-        """The engine for this lease, counted in flight; None if none is healthy. No await."""
+        """The engine for this lease, counted in flight; None if none is free. No await.
+
+        A sticky key whose engine is healthy but full waits for that engine.
+        """
         engine = None
         if key is not None:
             engine = self._sticky.get(key)
             if engine is not None and not engine.healthy:
                 engine = None
+            if engine is not None and engine.in_flight >= self._config.max_inflight_per_engine:
+                return None
         if engine is None:
             engine = self._least_loaded()
             if engine is None:
@@ -311,7 +333,11 @@ class Router:
         for step in range(count):
             index = (self._next + step) % count
             engine = self._engines[index]
-            if engine.healthy and (best is None or engine.in_flight < best.in_flight):
+            if (
+                engine.healthy
+                and engine.in_flight < self._config.max_inflight_per_engine
+                and (best is None or engine.in_flight < best.in_flight)
+            ):
                 best, best_index = engine, index
         if best is not None:
             self._next = (best_index + 1) % count
@@ -319,6 +345,7 @@ class Router:
 
     def _release(self, engine: _Engine, exc: BaseException | None) -> None:
         engine.in_flight -= 1
+        self._wake_waiters()  # a slot is free
         if exc is None:
             engine.consecutive_failures = 0
         elif _marks_unhealthy(exc, engine.url):
@@ -361,8 +388,8 @@ class Router:
     # -- helpers -----------------------------------------------------------------------
 
     def _wake_waiters(self) -> None:
-        self._admitted.set()
-        self._admitted = anyio.Event()
+        self._changed.set()
+        self._changed = anyio.Event()
 
     def _check_running(self) -> None:
         if self._state == "new":

@@ -245,7 +245,7 @@ class _Run:
         if self.stopping.is_set():
             return  # no reward for work the rollout no longer needs
         span.reward_start = time.monotonic()
-        await self.driver.scorer.score_unit(out)
+        await self.driver.scorer.score_unit(out, url=span.engine)
         span.reward_end = time.monotonic()
 
     async def _generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:

@@ -42,11 +42,12 @@ class Scorer:
         self.reward = reward
         self.group_reward = group_reward
 
-    async def score_unit(self, samples: list[Sample]) -> None:
+    async def score_unit(self, samples: list[Sample], *, url: str | None = None) -> None:
         """Score the samples that still need a reward, batched per kind, concurrently.
 
         Skipped: FAILED and ABORTED samples, and samples whose reward is already set (an
-        agent may set its own).
+        agent may set its own). ``url``: the engine that generated them, named in errors
+        with the first sample's request id.
         """
         by_kind: dict[str, list[Sample]] = {}
         for sample in samples:
@@ -59,11 +60,11 @@ class Scorer:
                 by_kind.setdefault(kind, []).append(sample)
         if len(by_kind) == 1:
             ((kind, batch),) = by_kind.items()
-            await self._score(kind, batch)
+            await self._score(kind, batch, url)
             return
         async with anyio.create_task_group() as tg:
             for kind, batch in by_kind.items():
-                tg.start_soon(self._score, kind, batch)
+                tg.start_soon(self._score, kind, batch, url)
 
     async def score_group(self, group: list[Sample]) -> None:
         """Score the group's living samples with ``group_reward`` (nothing if unset)."""
@@ -71,7 +72,7 @@ class Scorer:
         if self.group_reward is not None and alive:
             await self._score(self.group_reward, alive)
 
-    async def _score(self, kind: str, batch: list[Sample]) -> None:
+    async def _score(self, kind: str, batch: list[Sample], url: str | None = None) -> None:
         pool = self.rewards.get(kind)
         try:
             if pool is None:
@@ -90,6 +91,7 @@ class Scorer:
                 error.__cause__ = exc
             if isinstance(exc, MilesLiteError):
                 error.with_context(url=exc.url, request_id=exc.request_id)
+            error.with_context(url=url, request_id=batch[0].request_id)
             for sample in batch:
                 sample.fail(error)
             return

@@ -99,6 +99,7 @@ async def test_the_stop_is_bounded_when_one_engine_never_answers(
             reward_pools,
             reward="mean",
             rollout_batch_size=1,
+            over_sampling_batch_size=4,
             stop_timeout_s=0.5,
         ) as rollout:
             with anyio.fail_after(30):
