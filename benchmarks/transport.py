@@ -53,6 +53,7 @@ from miles_lite import (
     ParserPoolConfig,
     RetryPolicy,
     RolloutResult,
+    RouterConfig,
     Sample,
     run_sync,
 )
@@ -103,9 +104,6 @@ class Workload:
         return DiffusionRolloutConfig(
             n_samples_per_prompt=self.samples_per_prompt,
             microgroup_size=self.microgroup_size,
-            # One more request queued per slot, as SGLang's scheduler would hold it: a slot
-            # starts the next generation while the previous body is still on the wire.
-            max_inflight_per_engine=2 * self.engine_concurrency,
             sampling=DiffusionSamplingParams(num_inference_steps=self.steps),
             transport=mode["transport"],
             fetch_in_parser=mode["fetch_in_parser"],
@@ -237,10 +235,10 @@ async def measured_rollout(
         with memory:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ticker)
-                result: RolloutResult = await rollout.run(prompts)
+                result: RolloutResult = await rollout.run(prompts, rollout_id=0)
                 tg.cancel_scope.cancel()
     else:
-        result = await rollout.run(prompts)
+        result = await rollout.run(prompts, rollout_id=0)
     cpu = sum(proc.cpu_times()[:2]) - cpu0
     gc.callbacks.remove(on_gc)
     m = Measure(
@@ -279,11 +277,15 @@ async def run_mode(
     async with DiffusionRollout.open(
         urls,
         config=work.rollout_config(mode),
+        # One more request queued per slot, as SGLang's scheduler would hold it: a slot
+        # starts the next generation while the previous body is still on the wire.
+        router_config=RouterConfig(max_inflight_per_engine=2 * work.engine_concurrency),
         client_config=client,
         parser_config=parser,
         rewards={"mean": output_mean},
     ) as rollout:
-        await rollout.run(prompts)  # warm-up: workers, arena pages, engine body caches
+        # Warm-up: workers, arena pages, engine body caches (the same seeds every run).
+        await rollout.run(prompts, rollout_id=0)
         runs = []
         for _ in range(work.repeats):
             runs.append(await measured_rollout(rollout, prompts, engine_pids, instrumented=True))
