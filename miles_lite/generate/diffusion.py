@@ -114,9 +114,7 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
         async def post_once() -> RawResponse:
             async with state.router.lease() as url:
                 span.engine = url
-                return await state.client.post(
-                    url, PATH, payload, request_id=rid, into=into
-                )
+                return await state.client.post(url, PATH, payload, request_id=rid, into=into)
 
         raw = await post_once()  # the client retries retryable failures on this engine
         span.generate_end = span.deserialize_start = time.monotonic()
