@@ -6,8 +6,8 @@
     ├── ConfigError (also ValueError)        bad configuration value
     ├── ClosedResourceError                  use of a pool/client/arena after aclose()
     ├── EngineError                          talking to an inference engine
-    │   ├── EngineUnavailableError           connection refused/reset (retryable)
-    │   ├── EngineTimeoutError               no answer in time (retryable)
+    │   ├── EngineUnavailableError           refused (retryable) / reset after sending
+    │   ├── EngineTimeoutError               connect timeout (retryable) / no answer
     │   ├── EngineStatusError                non-2xx answer (retryable on 502/503/504)
     │   └── EngineProtocolError              answer not in the wire format (truncated, ...)
     │       └── BodyTooLargeError            body over the configured limit: refused
@@ -119,13 +119,21 @@ class EngineError(MilesLiteError):
 
 
 class EngineUnavailableError(EngineError):
-    """Raised when the engine cannot be reached (refused, reset, DNS): retryable."""
+    """Raised when the engine cannot be reached or drops the connection.
+
+    Retryable only when the request never reached the engine (refused, DNS, no route):
+    a reset after the request went out is not retried, so that no generation runs twice.
+    """
 
     retryable = True
 
 
 class EngineTimeoutError(EngineError):
-    """Raised when the engine does not answer within the configured timeout: retryable."""
+    """Raised when the engine does not answer within the configured timeout.
+
+    Retryable only for a connect timeout: once the request went out, the engine may be
+    generating, and a retry would run the generation twice.
+    """
 
     retryable = True
 

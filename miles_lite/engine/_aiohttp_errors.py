@@ -59,19 +59,32 @@ def translated(where: Attempt) -> Iterator[None]:
     # aiohttp's timeouts (ServerTimeoutError and its connect/read kinds) subclass
     # asyncio.TimeoutError; they must be matched before ClientConnectionError.
     except asyncio.TimeoutError as exc:
-        raise EngineTimeoutError(_timeout_message(where, exc), **ctx) from exc
+        timeout = EngineTimeoutError(_timeout_message(where, exc), **ctx)
+        # Only a connect timeout is known to have sent nothing: never re-send a generation.
+        timeout.retryable = isinstance(exc, aiohttp.ConnectionTimeoutError)
+        raise timeout from exc
     except aiohttp.ClientPayloadError as exc:
         raise EngineProtocolError(f"{truncated_message(where)} ({exc})", **ctx) from exc
     except aiohttp.InvalidURL as exc:
         raise ConfigError(
             f"invalid engine URL {where.url!r} (path {where.path!r}): {exc}", **ctx
         ) from exc
-    except aiohttp.ClientConnectionError as exc:
+    except aiohttp.ClientConnectorError as exc:
+        # Refused, DNS, no route: the request never left, so it may be sent again.
         raise EngineUnavailableError(
             f"cannot reach the engine for {where.method} {where.path}:"
             f" {type(exc).__name__}: {exc}; is it running and listening there?",
             **ctx,
         ) from exc
+    except aiohttp.ClientConnectionError as exc:
+        dropped = EngineUnavailableError(
+            f"the engine dropped the connection during {where.method} {where.path}"
+            f" after the request was sent: {type(exc).__name__}: {exc};"
+            " not retried (the engine may have started generating)",
+            **ctx,
+        )
+        dropped.retryable = False
+        raise dropped from exc
     except aiohttp.ClientError as exc:
         raise EngineProtocolError(
             f"malformed answer to {where.method} {where.path}: {type(exc).__name__}: {exc}", **ctx

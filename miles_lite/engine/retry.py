@@ -1,14 +1,11 @@
 """When and how often a failed engine call is tried again.
 
 Only errors whose ``retryable`` attribute is true are retried (see :mod:`miles_lite.errors`):
-connection refused/reset, timeouts, and HTTP 502/503/504. A 4xx, a 500, a truncated or
-malformed answer, a closed client and anything that is not a :class:`MilesLiteError` end the
-call at once.
-
-Retrying ``POST /rollout/generate`` is safe because the request is idempotent given its
-``seed``: the engine produces the same samples again. Text ``/generate`` requests carry a
-``rid``; a retry after a timeout may leave the first attempt running on the engine until it
-finishes or is aborted with ``/abort_request``.
+what never reached the engine (connection refused, DNS, connect timeout) and HTTP
+502/503/504 answers. A generation is never sent twice: a read timeout, a reset after the
+request went out, a truncated or malformed answer, a 4xx or 500, a closed client and
+anything that is not a :class:`MilesLiteError` end the call at once (an engine cannot
+abort a diffusion generation, and a text one would run twice until aborted).
 """
 
 from __future__ import annotations

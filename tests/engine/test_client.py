@@ -275,15 +275,33 @@ async def test_connection_refused_raises_unavailable_after_max_attempts(refused_
 
 
 @pytest.mark.anyio
-async def test_read_timeout_raises_timeout_error_and_is_retried(engine: ScriptedEngine) -> None:
+async def test_read_timeout_raises_timeout_error_and_is_never_resent(
+    engine: ScriptedEngine,
+) -> None:
+    # The request reached the engine, which may be generating: a retry would run the
+    # generation twice (miles issue 1378). It fails with the reason instead.
     slow = Reply(body=b"late", delay_s=0.5)
     engine.script("/generate", slow, slow)
-    retry = RetryPolicy(max_attempts=2, backoff_initial_s=0.001, backoff_max_s=0.001)
+    retry = RetryPolicy(max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.001)
     async with EngineClient(config(read_timeout_s=0.05, retry=retry)) as client:
         with pytest.raises(EngineTimeoutError, match="read_timeout_s") as caught:
             await client.post(engine.url, "/generate", {}, request_id="slow")
-    assert engine.count("/generate") == 2
-    assert caught.value.request_id == "slow"
+    assert engine.count("/generate") == 1
+    assert caught.value.request_id == "slow" and not caught.value.retryable
+
+
+@pytest.mark.anyio
+async def test_a_reset_after_the_request_was_sent_is_never_resent(raw_engine: StartRaw) -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.abort()  # the request was read in full: drop without answering
+
+    raw = await raw_engine(reset)
+    retry = RetryPolicy(max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.001)
+    async with EngineClient(config(retry=retry)) as client:
+        with pytest.raises(EngineUnavailableError, match="after the request was sent") as caught:
+            await client.post(raw.url, "/generate", {"text": "x"}, request_id="r-reset")
+    assert raw.connections == 1
+    assert caught.value.request_id == "r-reset" and not caught.value.retryable
 
 
 @pytest.mark.anyio
