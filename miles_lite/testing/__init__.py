@@ -1,6 +1,8 @@
-"""A stand-in SGLang diffusion engine speaking the real wire format, for tests and benchmarks.
+"""Stand-in SGLang engines speaking the real wire format, for tests, benchmarks and demos.
 
-- :class:`StandInEngine`: an aiohttp server on loopback (``async with``), configured by
+- :class:`TextStandInEngine`: ``/generate`` and the control endpoints over the real Qwen3
+  tokenizer (:func:`load_qwen3_tokenizer`), a scripted :class:`TextPolicy`.
+- :class:`StandInEngine`: a diffusion engine, an aiohttp server on loopback (``async with``), configured by
   :class:`StandInConfig`, with runtime :class:`Faults` and :class:`EngineStats`.
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
 - :func:`synthetic_sample` / :func:`synthetic_body`: the deterministic samples it sends,
@@ -16,10 +18,19 @@ from miles_lite.testing.faults import Faults
 from miles_lite.testing.process import EngineProcess, EngineProcessGroup
 from miles_lite.testing.rollout_body import synthetic_body
 from miles_lite.testing.rollout_request import SDE_TYPES, InvalidRequestError, RolloutRequest
+from miles_lite.testing.text_engine import (
+    SAMPLING_KEYS,
+    TextEngineStats,
+    TextStandInConfig,
+    TextStandInEngine,
+)
+from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
 from miles_lite.testing.trajectories import sigma_schedule, synthetic_sample
 
 __all__ = [
     "OPTIONAL_GROUPS",
+    "SAMPLING_KEYS",
     "SDE_TYPES",
     "EngineProcess",
     "EngineProcessGroup",
@@ -29,7 +40,15 @@ __all__ = [
     "RolloutRequest",
     "StandInConfig",
     "StandInEngine",
+    "TextEngineStats",
+    "TextPolicy",
+    "TextRule",
+    "TextStandInConfig",
+    "TextStandInEngine",
+    "load_qwen3_tokenizer",
+    "qwen3_tokenizer_dir",
     "sigma_schedule",
     "synthetic_body",
     "synthetic_sample",
+    "token_logprob",
 ]

@@ -1,0 +1,94 @@
+"""What the text stand-in engine 'generates': a seeded, scripted policy over a real tokenizer.
+
+Deterministic from the prompt and the request's seed, so tests can recompute an answer:
+
+- a rule ``(pattern, response)`` whose regex is found in the prompt's last turn makes the
+  model answer ``response`` (tokenized with the real tokenizer) followed by EOS: tool
+  calls, ``\\boxed{}`` answers, stop strings;
+- otherwise ``default_length`` tokens drawn from a fixed vocabulary range, then EOS.
+
+Log-probs are a pure function of (position, token id): :func:`token_logprob`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from miles_lite.errors import ConfigError
+
+__all__ = ["TextPolicy", "TextRule", "token_logprob"]
+
+#: Ordinary BPE tokens of the Qwen3 vocabulary (no special tokens), for random answers.
+_VOCAB_RANGE = (1000, 30000)
+_TURN = "<|im_start|>"
+
+
+def token_logprob(position: int, token: int) -> float:
+    """The log-prob the stand-in reports for ``token`` at output ``position``: in [-2, -1)."""
+    return -1.0 - ((token * 31 + position * 17) % 1000) / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class TextRule:
+    """Answer ``response`` when ``pattern`` (a regex) is found in the prompt's last turn."""
+
+    pattern: str
+    response: str
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise ConfigError(f"TextRule.pattern {self.pattern!r} is not a regex: {exc}") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextPolicy:
+    """The scripted policy (see the module docstring).
+
+    ``rules`` are tried in order; ``default_length`` tokens answer a prompt no rule
+    matches; ``eos`` ends every scripted answer (as a model emits its end-of-turn token).
+    """
+
+    rules: Sequence[TextRule] = field(default_factory=tuple)
+    default_length: int = 16
+    eos: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.default_length, int) or self.default_length < 0:
+            raise ConfigError(
+                f"TextPolicy.default_length must be an int >= 0, got {self.default_length!r}"
+            )
+
+    def answer(self, tokenizer: Any, prompt_ids: Sequence[int], seed: int | None) -> list[int]:
+        """The full answer (EOS included) this policy gives to ``prompt_ids``."""
+        text = tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        last_turn = _last_turn(text)
+        for rule in self.rules:
+            if re.search(rule.pattern, last_turn):
+                ids = list(tokenizer.encode(rule.response, add_special_tokens=False))
+                return ids + ([_eos_id(tokenizer)] if self.eos else [])
+        key = f"{seed}:{len(prompt_ids)}:{sum(prompt_ids) % 1_000_003}".encode()
+        rand = random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
+        ids = [rand.randrange(*_VOCAB_RANGE) for _ in range(self.default_length)]
+        return ids + ([_eos_id(tokenizer)] if self.eos else [])
+
+
+def _last_turn(text: str) -> str:
+    """The prompt's last message (before the generation prompt), or all of a plain prompt."""
+    starts = [m.start() for m in re.finditer(re.escape(_TURN), text)]
+    if len(starts) >= 2 and text[starts[-1] :].startswith(f"{_TURN}assistant"):
+        return text[starts[-2] : starts[-1]]
+    return text
+
+
+def _eos_id(tokenizer: Any) -> int:
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(eos, int) and eos >= 0 and eos != tokenizer.unk_token_id:
+        return eos
+    return int(tokenizer.eos_token_id)
