@@ -1,6 +1,6 @@
 """miles_lite: the rollout layer of RL post-training, as a plain Ray-free Python library."""
 
-from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams
+from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams, TextRolloutConfig
 from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
 from miles_lite.errors import (
     ArenaError,
@@ -18,6 +18,9 @@ from miles_lite.errors import (
     GenerateError,
     MilesLiteError,
     RewardError,
+    SampleInvariantError,
+    SamplingParamsError,
+    ToolError,
     WorkerCrashedError,
     WorkerError,
     WorkerTaskError,
@@ -28,6 +31,7 @@ from miles_lite.pipeline import (
     FilterResult,
     PromptGroup,
     RolloutResult,
+    TextRollout,
     drop_aborted,
     drop_failed,
     drop_zero_std,
@@ -41,6 +45,7 @@ from miles_lite.pools import (
     WorkerPool,
 )
 from miles_lite.run_sync import run_sync
+from miles_lite.sampling import TextSamplingParams, check_sampling_params
 from miles_lite.spans import UnitSpan
 from miles_lite.types import DiTTrajectory, Sample, SampleStatus
 
@@ -81,12 +86,19 @@ __all__ = [
     "Router",
     "RouterConfig",
     "Sample",
+    "SampleInvariantError",
     "SampleStatus",
+    "SamplingParamsError",
+    "TextRollout",
+    "TextRolloutConfig",
+    "TextSamplingParams",
+    "ToolError",
     "UnitSpan",
     "WorkerCrashedError",
     "WorkerError",
     "WorkerPool",
     "WorkerTaskError",
+    "check_sampling_params",
     "drop_aborted",
     "drop_failed",
     "drop_zero_std",

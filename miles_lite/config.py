@@ -1,4 +1,4 @@
-"""Configuration of diffusion rollouts: frozen keyword-only dataclasses, checked on creation.
+"""Configuration of rollouts: frozen keyword-only dataclasses, checked on creation.
 
 Settings of the parts live beside them: :class:`~miles_lite.engine.EngineClientConfig`,
 :class:`~miles_lite.engine.RouterConfig`, :class:`~miles_lite.pools.ParserPoolConfig`,
@@ -12,8 +12,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from miles_lite.errors import ConfigError
+from miles_lite.sampling import TextSamplingParams
 
-__all__ = ["DiffusionRolloutConfig", "DiffusionSamplingParams", "check_batching"]
+__all__ = [
+    "DiffusionRolloutConfig",
+    "DiffusionSamplingParams",
+    "TextRolloutConfig",
+    "check_batching",
+]
 
 SdeType = Literal["sde", "cps", "ode"]
 Transport = Literal["pool", "inline"]
@@ -135,6 +141,56 @@ class DiffusionRolloutConfig:
         """``(start, size)`` of each microgroup of a group of ``n_samples`` samples."""
         n = self.n_samples_per_prompt if n_samples is None else n_samples
         return [(s, min(self.microgroup_size, n - s)) for s in range(0, n, self.microgroup_size)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextRolloutConfig:
+    """How a text rollout runs.
+
+    - ``n_samples_per_prompt``: samples per prompt (a group), each its own request;
+    - ``sampling``: default sampling parameters (the generate function gets a copy);
+    - ``max_context_len``: the engines' context (prompt + output); a prompt leaving no
+      room is never sent (the sample ends TRUNCATED); ``None``: unknown;
+    - ``seed``: base of the per-sample ``sampling_seed`` (from seed, rollout id, group);
+    - ``reward`` / ``group_reward``: reward kinds as for diffusion; ``reward_key``: the
+      entry of a dict reward that filters and metrics read;
+    - ``rollout_batch_size`` / ``over_sampling_batch_size`` / ``stop_timeout_s``:
+      oversampling and the bound on an early stop, as for diffusion;
+    - ``abort_all_on_stop``: on early stop, abort everything on the engines
+      (``abort_all``, as miles and slime do); ``False`` when the engines also serve other
+      work: then each of this rollout's rids is aborted.
+
+    Usage: ``TextRolloutConfig(n_samples_per_prompt=8, rollout_batch_size=32)``.
+    """
+
+    n_samples_per_prompt: int = 4
+    sampling: TextSamplingParams = field(default_factory=TextSamplingParams)
+    max_context_len: int | None = None
+    seed: int = 0
+    reward: str | None = None
+    group_reward: str | None = None
+    reward_key: str | None = None
+    rollout_batch_size: int | None = None
+    over_sampling_batch_size: int | None = None
+    stop_timeout_s: float = 10.0
+    abort_all_on_stop: bool = True
+
+    def __post_init__(self) -> None:
+        check_batching(self)
+        n = self.n_samples_per_prompt
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(
+                f"TextRolloutConfig.n_samples_per_prompt must be an int >= 1, got {n!r}"
+            )
+        ctx = self.max_context_len
+        if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1):
+            raise ConfigError(
+                f"TextRolloutConfig.max_context_len must be None or an int >= 1, got {ctx!r}"
+            )
+        if not isinstance(self.sampling, TextSamplingParams):
+            raise ConfigError(
+                f"TextRolloutConfig.sampling must be a TextSamplingParams, got {self.sampling!r}"
+            )
 
 
 def check_batching(config: Any) -> None:

@@ -4,6 +4,7 @@
 
     MilesLiteError
     ├── ConfigError (also ValueError)        bad configuration value
+    │   └── SamplingParamsError              a sampling key SGLang would refuse
     ├── ClosedResourceError                  use of a pool/client/arena after aclose()
     ├── EngineError                          talking to an inference engine
     │   ├── EngineUnavailableError           refused (retryable) / reset after sending
@@ -20,6 +21,8 @@
     ├── RewardError                          a reward function failed
     ├── FilterError                          a dynamic filter raised: its group is dropped
     └── GenerateError                        a generate function raised
+        ├── SampleInvariantError             a sample's per-token lists do not line up
+        └── ToolError                        a tool raised or timed out (multi-turn)
 
 Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
 them in their message. ``retryable`` is a class attribute the retry policy reads; an
@@ -45,6 +48,9 @@ __all__ = [
     "GenerateError",
     "MilesLiteError",
     "RewardError",
+    "SampleInvariantError",
+    "SamplingParamsError",
+    "ToolError",
     "WorkerCrashedError",
     "WorkerError",
     "WorkerTaskError",
@@ -107,6 +113,13 @@ class ConfigError(MilesLiteError, ValueError):
     """Raised when a configuration value is invalid; the message names the field.
 
     Usage: ``RolloutConfig(microgroup_size=0)`` raises ``ConfigError``.
+    """
+
+
+class SamplingParamsError(ConfigError):
+    """Raised when sampling parameters hold a key SGLang refuses; nothing was sent.
+
+    Usage: ``check_sampling_params({"max_tokens": 8})`` raises it, naming the key.
     """
 
 
@@ -239,3 +252,13 @@ class GenerateError(MilesLiteError):
 
     The function's own exception is the ``__cause__``, with its traceback.
     """
+
+
+class SampleInvariantError(GenerateError):
+    """Raised when a text sample breaks miles' invariants (per-token lists that do not have
+    ``response_length`` entries); the sample fails, the rollout goes on."""
+
+
+class ToolError(GenerateError):
+    """Raised when a tool of a multi-turn sample raises or runs past its timeout; the
+    sample fails with the tool's name and the cause kept."""

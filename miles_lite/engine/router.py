@@ -200,6 +200,11 @@ class Router:
         return tuple(engine.url for engine in self._engines if engine.healthy)
 
     @property
+    def client(self) -> EngineClient:
+        """The engine client requests through this router are sent with."""
+        return self._client
+
+    @property
     def config(self) -> RouterConfig:
         """The settings this router was made with."""
         return self._config

@@ -11,8 +11,10 @@ from miles_lite.pipeline.filters import (
 )
 from miles_lite.pipeline.result import RolloutResult
 from miles_lite.pipeline.seeds import group_seeds
+from miles_lite.pipeline.text_rollout import AbortContext, TextRollout
 
 __all__ = [
+    "AbortContext",
     "DiffusionRollout",
     "Driver",
     "FilterResult",
@@ -20,6 +22,7 @@ __all__ = [
     "PromptGroup",
     "RolloutKind",
     "RolloutResult",
+    "TextRollout",
     "drop_aborted",
     "drop_failed",
     "drop_zero_std",

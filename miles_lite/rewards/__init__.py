@@ -20,6 +20,14 @@ from miles_lite.rewards.functions import (
     latent_mean_reward,
     response_length_reward,
 )
+from miles_lite.rewards.text_rewards import (
+    extract_boxed,
+    f1_reward,
+    f1_score,
+    final_answer,
+    math_reward,
+    normalize_answer,
+)
 from miles_lite.rewards.tiny_clip import tiny_clip
 
 __all__ = [
@@ -32,7 +40,13 @@ __all__ = [
     "constant_reward",
     "decode_scores",
     "encode_samples",
+    "extract_boxed",
+    "f1_reward",
+    "f1_score",
+    "final_answer",
     "latent_mean_reward",
+    "math_reward",
+    "normalize_answer",
     "response_length_reward",
     "tiny_clip",
 ]

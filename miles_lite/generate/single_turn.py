@@ -1,0 +1,65 @@
+"""``single_turn``: one ``/generate`` request per sample; resumes aborted samples.
+
+A text prompt is tokenized, a chat ``messages`` prompt goes through the chat template,
+a token prompt (``sample.tokens`` given with ``response_length == 0``) is sent as it is.
+An ABORTED sample (partial rollout) continues from its tokens with what is left of its
+budget. A prompt that leaves no room in the context is never sent: the sample ends
+TRUNCATED with ``metadata["truncated_reason"] = "prompt_too_long"``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from miles_lite.generate.contract import GenerateFnInput
+from miles_lite.generate.text_request import (
+    apply_generate_answer,
+    build_generate_payload,
+    check_text_sample,
+    post_generate,
+    prompt_ids,
+)
+from miles_lite.generate.text_state import TextState
+from miles_lite.types import Sample, SampleStatus
+
+__all__ = ["generate", "output_budget"]
+
+
+def output_budget(state: TextState, sample: Sample, max_new_tokens: int) -> int:
+    """Output tokens this sample may still generate: its budget left, within the context."""
+    left = max_new_tokens - sample.response_length
+    if state.max_context_len is not None:
+        left = min(left, state.max_context_len - len(sample.tokens))
+    return left
+
+
+async def generate(input: GenerateFnInput) -> Sample:
+    """Generate (or resume) one sample with one ``/generate`` request; see the module doc."""
+    state: TextState = input.state
+    sample = input.sample
+    if sample.status not in (SampleStatus.PENDING, SampleStatus.ABORTED):
+        return sample  # already finished (carried over by a partial rollout)
+    resuming = sample.status is SampleStatus.ABORTED and bool(sample.tokens)
+    if not resuming and not (sample.tokens and sample.response_length == 0):
+        sample.tokens = await prompt_ids(state, sample.prompt)
+    params: dict[str, Any] = dict(input.sampling_params)
+    budget = output_budget(state, sample, int(params.get("max_new_tokens", 0)))
+    if budget <= 0:
+        sample.status = SampleStatus.TRUNCATED
+        reason = "prompt_too_long" if sample.response_length == 0 else "budget_spent"
+        sample.metadata["truncated_reason"] = reason
+        return sample
+    if state.stopping:
+        sample.status = SampleStatus.ABORTED  # early stop: never sent
+        return sample
+    params["max_new_tokens"] = budget
+    payload = build_generate_payload(sample, sample.tokens, params)
+    span = input.span
+    if span.generate_start is None:
+        span.generate_start = time.monotonic()
+    answer = await post_generate(state, payload, span)
+    apply_generate_answer(sample, answer)
+    span.generate_end = time.monotonic()
+    check_text_sample(sample)
+    return sample

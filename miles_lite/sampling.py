@@ -1,0 +1,119 @@
+"""Sampling parameters of SGLang ``/generate``: exactly the keys it accepts, checked early.
+
+SGLang validates ``sampling_params`` strictly (an unknown key is a 400), so a typo
+(``max_tokens``, ``seed``) is refused here, before anything is sent, naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from miles_lite.errors import SamplingParamsError
+
+__all__ = ["SAMPLING_KEYS", "TextSamplingParams", "check_sampling_params"]
+
+#: The keys SGLang 0.5.23 accepts in ``sampling_params``.
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "stream_interval",
+        "logit_bias",
+        "sampling_seed",
+        "custom_params",
+        "beam_width",
+        "watermark",
+        "choice",
+    }
+)
+_HINTS = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "stop_sequences": "stop"}
+
+
+def check_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``params`` if every key is one SGLang accepts.
+
+    Raises :class:`~miles_lite.errors.SamplingParamsError` naming the first unknown key
+    (and the right name for common mix-ups such as ``max_tokens``), or for ``n`` other
+    than 1: a group is ``n`` single requests, each with its own abortable rid.
+    """
+    for key in params:
+        if key not in SAMPLING_KEYS:
+            hint = f" (did you mean {_HINTS[key]!r}?)" if key in _HINTS else ""
+            raise SamplingParamsError(
+                f"unknown sampling key {key!r}{hint}; SGLang accepts {sorted(SAMPLING_KEYS)}"
+            )
+    if params.get("n", 1) != 1:
+        raise SamplingParamsError(
+            f"sampling key 'n' must be 1, got {params['n']!r}: SGLang replaces the rids of an"
+            " n > 1 request, so it could not be aborted; use n_samples_per_prompt instead"
+        )
+    return dict(params)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextSamplingParams:
+    """The rollout's default sampling parameters, with miles' defaults.
+
+    ``None`` fields are not sent (the engine's defaults apply). ``no_stop_trim`` is on so
+    that the text keeps the stop string the output ids hold; ``extra`` carries any other
+    SGLang key (checked). Usage: ``TextSamplingParams(max_new_tokens=1024, temperature=0.8)``.
+    """
+
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = False
+    no_stop_trim: bool = True
+    spaces_between_special_tokens: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise SamplingParamsError(
+                f"TextSamplingParams.max_new_tokens must be an int, got {self.max_new_tokens!r}"
+            )
+        if self.max_new_tokens < 0:
+            raise SamplingParamsError(
+                f"TextSamplingParams.max_new_tokens must be >= 0, got {self.max_new_tokens}"
+            )
+        clash = {f.name for f in fields(self)} & set(self.extra)
+        if clash:
+            raise SamplingParamsError(f"TextSamplingParams.extra repeats fields {sorted(clash)}")
+        check_sampling_params(self.extra)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The ``sampling_params`` of a request: a fresh dict, ``None`` fields left out."""
+        payload = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "extra" and getattr(self, f.name) is not None
+        }
+        payload.update(self.extra)
+        for key in ("stop", "stop_token_ids"):
+            if key in payload:
+                payload[key] = list(payload[key])
+        return payload

@@ -1,0 +1,89 @@
+"""Text rollouts over the text stand-in engine on loopback, with the real Qwen3 tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
+from miles_lite.engine import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.testing import (
+    TextPolicy,
+    TextRule,
+    TextStandInConfig,
+    TextStandInEngine,
+    load_qwen3_tokenizer,
+)
+
+#: What the scripted model answers: tool calls for arithmetic, a boxed answer otherwise.
+RULES = (
+    TextRule(r"<tool_response>", "The sum is \\boxed{5}."),
+    TextRule(
+        r"add \d+ and \d+",
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+    ),
+    TextRule(r"broken tool", "<tool_call>\n{not json}\n</tool_call>"),
+    TextRule(r"What is 2\+3", "It is \\boxed{5}."),
+)
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    return load_qwen3_tokenizer()
+
+
+OpenRollout = Callable[..., AbstractAsyncContextManager[TextRollout]]
+
+
+@pytest.fixture
+def text_rollout(tokenizer: Any) -> OpenRollout:
+    """``async with text_rollout(engines=1, **config) as (rollout, engines)``."""
+
+    @asynccontextmanager
+    async def open_rollout(
+        *,
+        engines: int = 1,
+        engine_config: TextStandInConfig | None = None,
+        max_inflight_per_engine: int = 64,
+        max_new_tokens: int = 32,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        engine_config = engine_config or TextStandInConfig(policy=TextPolicy(rules=RULES))
+        config_fields = set(TextRolloutConfig.__dataclass_fields__)
+        config = TextRolloutConfig(
+            sampling=kwargs.pop("sampling", TextSamplingParams(max_new_tokens=max_new_tokens)),
+            **{k: kwargs.pop(k) for k in list(kwargs) if k in config_fields},
+        )
+        async with (
+            _engines(engines, engine_config, tokenizer) as running,
+            TextRollout.open(
+                [e.url for e in running],
+                tokenizer=tokenizer,
+                config=config,
+                client_config=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
+                router_config=RouterConfig(max_inflight_per_engine=max_inflight_per_engine),
+                **kwargs,
+            ) as rollout,
+        ):
+            yield rollout, running
+
+    return open_rollout
+
+
+@asynccontextmanager
+async def _engines(
+    n: int, config: TextStandInConfig, tokenizer: Any
+) -> AsyncIterator[list[TextStandInEngine]]:
+    engines = [TextStandInEngine(config, tokenizer) for _ in range(n)]
+    try:
+        for engine in engines:
+            await engine.__aenter__()
+        yield engines
+    finally:
+        with anyio.CancelScope(shield=True):
+            for engine in engines:
+                await engine.aclose()

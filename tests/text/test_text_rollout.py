@@ -1,0 +1,175 @@
+"""TextRollout end to end over loopback stand-in engines: single turn, oversampling, abort."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from miles_lite import (
+    EngineStatusError,
+    GenerateError,
+    SampleStatus,
+    SamplingParamsError,
+    TextRollout,
+    TextSamplingParams,
+)
+from miles_lite.generate import GenerateFnInput
+from miles_lite.generate.text_request import check_text_sample
+from miles_lite.pipeline import drop_zero_std
+from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
+from tests.text.conftest import RULES, OpenRollout
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_single_turn_samples_hold_the_engines_tokens_and_log_probs(
+    text_rollout: OpenRollout, tokenizer: Any
+) -> None:
+    prompts = ["What is 2+3?", [{"role": "user", "content": "What is 2+3?"}]]
+    async with text_rollout(engines=2, n_samples_per_prompt=3) as (rollout, engines):
+        result = await rollout.run(prompts)
+    assert [len(g) for g in result.groups] == [3, 3]
+    requests = [r for e in engines for r in e.stats.requests]
+    assert len(requests) == 6 and all(e.stats.requests for e in engines)
+    rids = {r["rid"] for r in requests}
+    assert len(rids) == 6 and all(len(rid) == 32 for rid in rids)
+    for request in requests:
+        assert request["return_logprob"] is True and "logprob_start_len" not in request
+        assert request["sampling_params"]["max_new_tokens"] == 32
+    chat_ids = tokenizer.apply_chat_template(prompts[1], add_generation_prompt=True, tokenize=True)
+    chat_ids = chat_ids if isinstance(chat_ids, list) else list(chat_ids["input_ids"])
+    for sample in result.samples:
+        check_text_sample(sample)
+        assert sample.status is SampleStatus.COMPLETED
+        assert "\\boxed{5}" in sample.response
+        out = sample.tokens[len(sample.tokens) - sample.response_length :]
+        assert sample.rollout_log_probs == [token_logprob(i, t) for i, t in enumerate(out)]
+        assert sample.loss_mask == [1] * sample.response_length
+        assert sample.weight_versions == ["default"]
+    assert result.groups[1][0].tokens[: len(chat_ids)] == chat_ids
+    assert result.metrics["rollout/response_len/mean"] > 0
+    assert result.metrics["rollout/truncated_ratio"] == 0.0
+
+
+async def test_oversampling_keeps_the_target_aborts_the_rest_and_a_second_run_resumes(
+    text_rollout: OpenRollout, tokenizer: Any
+) -> None:
+    slow = TextStandInConfig(
+        token_latency_s=0.005, policy=TextPolicy(rules=RULES, default_length=400)
+    )
+    async with text_rollout(
+        engine_config=slow,
+        max_new_tokens=300,
+        n_samples_per_prompt=2,
+        rollout_batch_size=1,
+        over_sampling_batch_size=4,
+    ) as (rollout, (engine,)):
+        # Prompt 0 answers at once (a short scripted answer); the others take ~1.5 s.
+        prompts = ["What is 2+3?", "slow one", "slow two", "slow three"]
+        first = await rollout.run(prompts)
+        assert len(first.groups) == 1 and first.groups[0][0].prompt == "What is 2+3?"
+        assert first.metrics["perf/stop_time"] < 3.0
+        assert engine.stats.running == engine.stats.waiting == 0  # nothing left running
+        assert any(body.get("abort_all") for body in engine.stats.aborts)
+        partial = [s for g in first.partial for s in g]
+        assert len(partial) == 6
+        assert all(s.status is SampleStatus.ABORTED for s in partial), [
+            (s.status, s.response_length, s.error) for s in partial
+        ]
+        assert all(0 < s.response_length < 300 for s in partial)
+        assert all(s.reward is None for s in partial)  # no reward for unneeded work
+        done_before = {s.index: s.response_length for s in partial}
+        sent_before = len(engine.stats.requests)
+        # All of them this time: a rollout on the same engines without oversampling.
+        everything = dataclasses.replace(
+            rollout.config, rollout_batch_size=None, over_sampling_batch_size=None
+        )
+        resume = TextRollout(config=everything, router=rollout.state.router, tokenizer=tokenizer)
+        second = await resume.run(first.partial)
+    resumed = second.samples
+    assert len(resumed) == 6 and all(s.status is SampleStatus.TRUNCATED for s in resumed)
+    assert all(s.response_length == 300 for s in resumed)  # the budget, not 300 more
+    for body in engine.stats.requests[sent_before:]:
+        budget = body["sampling_params"]["max_new_tokens"]
+        assert budget < 300 and budget + len(body["input_ids"]) >= 300
+    assert all(s.index in done_before for s in resumed)
+    for sample in resumed:
+        check_text_sample(sample)
+
+
+async def test_weight_versions_are_recorded_per_sample(text_rollout: OpenRollout) -> None:
+    async with text_rollout() as (rollout, (engine,)):
+        before = await rollout.run(["What is 2+3?"])
+        await rollout.state.router.client.post_json(
+            engine.url, "/update_weight_version", {"new_version": "step-7"}
+        )
+        after = await rollout.run(["What is 2+3?"])
+    assert {v for s in before.samples for v in s.weight_versions} == {"default"}
+    assert {v for s in after.samples for v in s.weight_versions} == {"step-7"}
+
+
+async def test_bad_input_fails_its_sample_and_the_rest_goes_on(
+    text_rollout: OpenRollout,
+) -> None:
+    async with text_rollout(max_context_len=64, n_samples_per_prompt=1) as (rollout, (engine,)):
+        result = await rollout.run(["What is 2+3?", "word " * 200])
+    ok, long = result.samples
+    assert ok.status is SampleStatus.COMPLETED
+    assert long.status is SampleStatus.TRUNCATED
+    assert long.metadata["truncated_reason"] == "prompt_too_long"
+    assert len(engine.stats.requests) == 1  # the long prompt was never sent
+
+    with pytest.raises(SamplingParamsError, match=r"max_tokens.*max_new_tokens"):
+        TextSamplingParams(extra={"max_tokens": 8})
+
+
+async def test_an_engine_400_surfaces_with_sglangs_message(text_rollout: OpenRollout) -> None:
+    async def bad_key(input: GenerateFnInput) -> Any:
+        # Bypass the library's check, as a custom function might: SGLang refuses.
+        from miles_lite.generate.text_request import post_generate
+
+        payload = {"input_ids": [1, 2], "sampling_params": {"bogus": 1}, "rid": "r" * 32}
+        return await post_generate(input.state, payload)
+
+    def raises(input: GenerateFnInput) -> Any:
+        raise ZeroDivisionError("custom bug")
+
+    async with text_rollout(generate=bad_key, n_samples_per_prompt=1) as (rollout, _):
+        result = await rollout.run(["x"])
+    (sample,) = result.samples
+    assert isinstance(sample.error, EngineStatusError) and sample.error.status == 400
+    assert "unknown field `bogus`" in str(sample.error)
+
+    async def broken(input: GenerateFnInput) -> Any:
+        return raises(input)
+
+    async with text_rollout(generate=broken, n_samples_per_prompt=2) as (rollout, _):
+        result = await rollout.run(["x"])
+    for sample in result.samples:
+        assert isinstance(sample.error, GenerateError)
+        assert isinstance(sample.error.__cause__, ZeroDivisionError)
+        assert sample.error.__cause__.__traceback__ is not None
+
+
+async def test_a_filter_drops_groups_whose_rewards_agree(text_rollout: OpenRollout) -> None:
+    from miles_lite.rewards import math_reward
+
+    async with text_rollout(
+        n_samples_per_prompt=2,
+        reward="math",
+        rewards={"math": math_reward},
+        dynamic_filter=drop_zero_std(),
+    ) as (rollout, _):
+        from miles_lite.pipeline import PromptGroup
+
+        result = await rollout.run(
+            [
+                PromptGroup(prompt="What is 2+3?", label="5"),
+                PromptGroup(prompt="What is 2+3?", label="6"),
+            ]
+        )
+    assert result.groups == []
+    assert result.filter_reasons == ["zero_std_1.0", "zero_std_0.0"]
+    assert all(s.reward in (0.0, 1.0) for g in result.filtered for s in g)
