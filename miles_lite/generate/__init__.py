@@ -1,4 +1,11 @@
-"""Generate functions and their contract."""
+"""Generate functions and their contract.
+
+- diffusion: :func:`generate_diffusion` (one microgroup, one ``/rollout/generate``);
+- text over ``/generate``: :mod:`~miles_lite.generate.single_turn`,
+  :mod:`~miles_lite.generate.multi_turn` (tool calling),
+  :mod:`~miles_lite.generate.benchmark` (random output lengths); the helpers custom
+  generate functions need are in :mod:`~miles_lite.generate.text_request`.
+"""
 
 from miles_lite.generate.contract import (
     GenerateFn,
@@ -12,14 +19,37 @@ from miles_lite.generate.diffusion import (
     build_request,
     generate_diffusion,
 )
+from miles_lite.generate.text_request import (
+    append_env_tokens,
+    apply_generate_answer,
+    build_generate_payload,
+    check_text_sample,
+    new_rid,
+    post_generate,
+    prompt_ids,
+)
+from miles_lite.generate.text_state import InFlightRequests, TextState
+from miles_lite.generate.tool_calls import ToolCall, ToolCallError, parse_qwen_tool_calls
 
 __all__ = [
     "DiffusionState",
     "GenerateFn",
     "GenerateFnInput",
     "GenerateFnOutput",
+    "InFlightRequests",
+    "TextState",
+    "ToolCall",
+    "ToolCallError",
+    "append_env_tokens",
+    "apply_generate_answer",
     "apply_response_item",
+    "build_generate_payload",
     "build_request",
+    "check_text_sample",
     "generate_diffusion",
     "load_function",
+    "new_rid",
+    "parse_qwen_tool_calls",
+    "post_generate",
+    "prompt_ids",
 ]

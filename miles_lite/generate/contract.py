@@ -16,7 +16,7 @@ from miles_lite.errors import ConfigError
 from miles_lite.spans import UnitSpan
 from miles_lite.types import Sample
 
-__all__ = ["GenerateFn", "GenerateFnInput", "GenerateFnOutput", "load_function"]
+__all__ = ["GenerateFn", "GenerateFnInput", "GenerateFnOutput", "load_function", "load_object"]
 
 GenerateFnOutput = Sample | list[Sample]
 
@@ -54,18 +54,26 @@ class GenerateFnInput:
 GenerateFn = Callable[[GenerateFnInput], Awaitable[GenerateFnOutput]]
 
 
+def load_object(path: str) -> Any:
+    """Import ``package.module.name`` (a function, or data such as a list of tool specs).
+
+    Raises :class:`ConfigError` naming the path when it does not resolve.
+    """
+    module_name, _, attr = path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"path {path!r} must be 'module.name'")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {path!r}: {exc}") from exc
+
+
 def load_function(path: str) -> Callable[..., Any]:
     """Import ``package.module.function`` (the CLI's ``--custom-*-path`` flags).
 
     Raises :class:`ConfigError` naming the path when it does not resolve to a callable.
     """
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise ConfigError(f"function path {path!r} must be 'module.function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load function {path!r}: {exc}") from exc
+    fn = load_object(path)
     if not callable(fn):
         raise ConfigError(f"{path!r} is not callable")
     return fn  # type: ignore[no-any-return]

@@ -21,6 +21,7 @@ from miles_lite.types import Sample, SampleStatus
 
 __all__ = [
     "GENERATE_PATH",
+    "append_env_tokens",
     "apply_generate_answer",
     "build_generate_payload",
     "check_text_sample",

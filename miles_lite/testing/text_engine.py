@@ -110,11 +110,20 @@ class TextEngineStats:
 
 
 class _Call:
-    __slots__ = ("aborted", "rid")
+    """One prompt generating: its rid, abort flag and the tokens made so far."""
+
+    __slots__ = ("aborted", "out", "progress", "rid")
 
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.aborted = anyio.Event()
+        self.out: list[int] = []
+        # Set (and replaced) after each token: what a streaming answer waits on.
+        self.progress = anyio.Event()
+
+    def advanced(self) -> None:
+        self.progress.set()
+        self.progress = anyio.Event()
 
 
 class _BadRequest(Exception):
