@@ -173,3 +173,15 @@ async def test_a_filter_drops_groups_whose_rewards_agree(text_rollout: OpenRollo
     assert result.groups == []
     assert result.filter_reasons == ["zero_std_1.0", "zero_std_0.0"]
     assert all(s.reward in (0.0, 1.0) for g in result.filtered for s in g)
+
+
+async def test_tokenizing_long_prompts_never_stalls_the_loop(text_rollout: OpenRollout) -> None:
+    # Each prompt takes 0.4-0.7 s to tokenize here: on the loop, the suite's loop guard
+    # (steps over 250 ms fail the test) would catch it. Too long for the context, they
+    # are never sent.
+    long = "The quick brown fox jumps over the lazy dog. " * 20000
+    prompts = [long, [{"role": "user", "content": long}]]
+    async with text_rollout(max_context_len=1024, n_samples_per_prompt=1) as (rollout, (engine,)):
+        result = await rollout.run(prompts)
+    assert [s.metadata["truncated_reason"] for s in result.samples] == ["prompt_too_long"] * 2
+    assert engine.stats.requests == []
