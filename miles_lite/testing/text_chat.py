@@ -111,7 +111,11 @@ def chat_options(body: Any) -> ChatOptions:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ChatBadRequest(f"1 validation error: {chat_key}: Input should be a number")
             params[key] = value
-    for chat_key, key in (("top_k", "top_k"), ("min_tokens", "min_new_tokens"), ("seed", "sampling_seed")):
+    for chat_key, key in (
+        ("top_k", "top_k"),
+        ("min_tokens", "min_new_tokens"),
+        ("seed", "sampling_seed"),
+    ):
         value = body.get(chat_key)
         if value is not None:
             params[key] = _int(value, chat_key)
@@ -353,7 +357,12 @@ def chat_stream_chunks(
     """The SSE chunks of a streamed chat answer, in captures/chat_stream.txt's order: the
     role, the content, the finish reason, the usage (then ``[DONE]``, sent by the caller)."""
     created = int(time.time())
-    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": options.model}
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": options.model,
+    }
     meta = answer["meta_info"]
     finish = meta["finish_reason"] or {}
     text = answer["text"]

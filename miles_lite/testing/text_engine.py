@@ -13,11 +13,13 @@ What it generates comes from a seeded scripted policy over the real Qwen3 tokeni
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -25,9 +27,27 @@ import anyio
 from aiohttp import web
 
 from miles_lite.errors import ClosedResourceError, ConfigError
+from miles_lite.testing.text_chat import (
+    ChatBadRequest,
+    TemplateCache,
+    chat_choice,
+    chat_options,
+    chat_response,
+    chat_stream_chunks,
+)
 from miles_lite.testing.text_policy import TextPolicy, token_logprob
 
-__all__ = ["SAMPLING_KEYS", "TextEngineStats", "TextStandInConfig", "TextStandInEngine"]
+__all__ = [
+    "SAMPLING_KEYS",
+    "SGLANG_VERSION",
+    "TextEngineStatistics",
+    "TextEngineStats",
+    "TextStandInConfig",
+    "TextStandInEngine",
+]
+
+#: The SGLang release whose answers this stand-in mirrors.
+SGLANG_VERSION = "0.5.23"
 
 #: The sampling keys SGLang 0.5.23 accepts, in the order its error message lists them.
 SAMPLING_KEYS = (
@@ -62,7 +82,21 @@ SAMPLING_KEYS = (
 )
 _INT_KEYS = ("max_new_tokens", "min_new_tokens", "n", "top_k", "sampling_seed", "stream_interval")
 _BOOL_KEYS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+_FLOAT_KEYS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
 _DEFAULT_MAX_NEW_TOKENS = 128
+_ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+#: Where tokens past the end of a scripted answer come from (ordinary BPE tokens).
+_FILLER = 1000
+#: Tokens decoded to look for a stop string: longer than any stop string a test uses.
+_STOP_WINDOW = 32
+_LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +141,29 @@ class TextEngineStats:
     waiting: int = 0
     max_running_seen: int = 0
     generated_tokens: int = 0
+    chat_requests: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextEngineStatistics:
+    """A snapshot of :class:`TextEngineStats` (:meth:`TextStandInEngine.statistics`).
+
+    ``requests`` are the bodies of ``/generate`` and ``/v1/chat/completions`` received;
+    ``chat_requests`` counts the latter; ``template_cache_hits`` counts chat renders
+    served from the cache; ``paused`` is whether ``/pause_generation`` holds generation.
+    """
+
+    requests: tuple[Any, ...]
+    rids_seen: tuple[str, ...]
+    aborts: tuple[Any, ...]
+    running: int
+    waiting: int
+    max_running_seen: int
+    generated_tokens: int
+    chat_requests: int
+    template_cache_hits: int
+    weight_version: str
+    paused: bool
 
 
 class _Call:
@@ -138,9 +195,10 @@ class TextStandInEngine:
     Usage::
 
         async with TextStandInEngine(TextStandInConfig(), tokenizer) as engine:
-            ...  # POST f"{engine.url}/generate"
+            ...  # POST f"{engine.url}/generate" or f"{engine.url}/v1/chat/completions"
 
-    ``stats`` may be read at any time. Closing it ends requests still generating.
+    ``stats`` is live (read it at any time); :meth:`statistics` is a frozen snapshot.
+    Closing it ends requests still generating (as aborted).
     """
 
     def __init__(self, config: TextStandInConfig | None = None, tokenizer: Any = None) -> None:
@@ -152,11 +210,13 @@ class TextStandInEngine:
         self.tokenizer = tokenizer
         self.stats = TextEngineStats()
         self.weight_version = self.config.weight_version
+        self.templates = TemplateCache(tokenizer)
         self._calls: set[_Call] = set()
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._closed = False
         self._slots: anyio.Semaphore | None = None
+        self._unpaused: anyio.Event | None = None
         self._eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     @property
@@ -166,20 +226,53 @@ class TextStandInEngine:
             raise RuntimeError("TextStandInEngine.url is known once the engine has started")
         return self._url
 
+    def statistics(self) -> TextEngineStatistics:
+        """A frozen snapshot of :attr:`stats`."""
+        stats = self.stats
+        return TextEngineStatistics(
+            requests=tuple(stats.requests),
+            rids_seen=tuple(stats.rids_seen),
+            aborts=tuple(stats.aborts),
+            running=stats.running,
+            waiting=stats.waiting,
+            max_running_seen=stats.max_running_seen,
+            generated_tokens=stats.generated_tokens,
+            chat_requests=stats.chat_requests,
+            template_cache_hits=self.templates.hits,
+            weight_version=self.weight_version,
+            paused=self.paused,
+        )
+
+    @property
+    def paused(self) -> bool:
+        """Whether ``/pause_generation`` holds generation now."""
+        return self._unpaused is not None and not self._unpaused.is_set()
+
     async def __aenter__(self) -> TextStandInEngine:
         if self._closed:
             raise ClosedResourceError("this TextStandInEngine was closed; create a new one")
         self._slots = anyio.Semaphore(self.config.max_running)
+        self._unpaused = anyio.Event()
+        self._unpaused.set()
         app = web.Application(client_max_size=64 << 20)
-        app.router.add_post("/generate", self._generate)
-        app.router.add_post("/abort_request", self._abort_request)
-        app.router.add_get("/v1/loads", self._loads)
-        app.router.add_post("/update_weight_version", self._update_weight_version)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/health_generate", self._health)
-        app.router.add_get("/model_info", self._model_info)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/flush_cache", self._flush_cache)
+        add_post, add_get = app.router.add_post, app.router.add_get
+        add_post("/generate", self._generate)
+        add_post("/v1/chat/completions", self._chat)
+        add_post("/abort_request", self._abort_request)
+        add_get("/v1/loads", self._loads)
+        add_get("/get_loads", self._loads)
+        add_post("/update_weight_version", self._update_weight_version)
+        add_post("/pause_generation", self._pause)
+        add_post("/continue_generation", self._continue)
+        add_get("/health", self._health)
+        add_get("/health_generate", self._health)
+        add_get("/model_info", self._model_info)
+        add_get("/get_model_info", self._model_info)
+        add_get("/server_info", self._server_info)
+        add_get("/get_server_info", self._server_info)
+        add_get("/v1/models", self._models)
+        add_post("/flush_cache", self._flush_cache)
+        add_get("/_stand_in/stats", self._stats)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         try:
@@ -207,6 +300,8 @@ class TextStandInEngine:
             return
         self._closed = True
         self.abort(abort_all=True)
+        if self._unpaused is not None:
+            self._unpaused.set()
         runner, self._runner = self._runner, None
         if runner is not None:
             with anyio.move_on_after(5.0, shield=True):
@@ -223,22 +318,26 @@ class TextStandInEngine:
 
     # -- /generate -----------------------------------------------------------------------
 
+    async def _read_json(self, request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except ValueError as exc:
+            raise _BadRequest(_error_payload(f"invalid JSON body: {exc}")) from exc
+
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = json.loads(await request.read())
-        except ValueError as exc:
-            return _error(400, f"invalid JSON body: {exc}")
-        if not isinstance(body, dict):
-            return _error(
-                400,
-                "1 validation error: Input should be a dictionary or an instance of"
-                " GenerateReqInput",
-            )
-        if len(self.stats.requests) < self.config.request_log_limit:
-            self.stats.requests.append(body)
-        try:
+            body = await self._read_json(request)
+            if not isinstance(body, dict):
+                raise _BadRequest(
+                    _error_payload(
+                        "1 validation error: Input should be a dictionary or an instance of"
+                        " GenerateReqInput"
+                    )
+                )
+            self._log(body)
             prompts, single = self._prompts(body)
             params = _check_sampling(body.get("sampling_params") or {})
+            _check_generate_options(body)
         except _BadRequest as bad:
             return web.json_response(bad.payload, status=400)
         n = params.get("n", 1)
@@ -248,120 +347,132 @@ class TextStandInEngine:
         if n > 1 or not isinstance(rids, list) or len(rids) != len(expanded):
             # SGLang replaces every rid of an n > 1 request with a random one.
             rids = [uuid.uuid4().hex for _ in expanded]
-        jobs = list(zip(expanded, rids, strict=True))
+        calls = [(prompt, _Call(str(rid))) for prompt, rid in zip(expanded, rids, strict=True)]
         if body.get("stream"):
-            return await self._stream(request, jobs[0], params, body)
-        answers: list[Any] = [None] * len(jobs)
+            return await self._stream(request, calls[0], params, body)
+        answers = await self._run_all(calls, params, body)
+        return web.json_response(answers[0] if single and len(answers) == 1 else answers)
 
-        async def run(i: int, prompt: list[int], rid: str) -> None:
-            answers[i] = await self._run(prompt, rid, params, body)
+    async def _run_all(
+        self, calls: list[tuple[list[int], _Call]], params: dict[str, Any], body: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        answers: list[Any] = [None] * len(calls)
+
+        async def run(i: int, prompt: list[int], call: _Call) -> None:
+            answers[i] = await self._run(prompt, call, params, body)
 
         async with anyio.create_task_group() as tg:
-            for i, (prompt, rid) in enumerate(jobs):
-                tg.start_soon(run, i, prompt, rid)
-        return web.json_response(answers[0] if single and len(answers) == 1 else answers)
+            for i, (prompt, call) in enumerate(calls):
+                tg.start_soon(run, i, prompt, call)
+        return answers
+
+    def _log(self, body: Any) -> None:
+        if len(self.stats.requests) < self.config.request_log_limit:
+            self.stats.requests.append(body)
 
     def _prompts(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
         ids = body.get("input_ids")
         text = body.get("text")
         if ids is not None:
-            if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            if isinstance(ids, list) and ids and all(_is_int(i) for i in ids):
                 return [list(ids)], True
-            if isinstance(ids, list) and ids and all(isinstance(p, list) for p in ids):
+            if (
+                isinstance(ids, list)
+                and ids
+                and all(isinstance(p, list) and p and all(_is_int(i) for i in p) for p in ids)
+            ):
                 return [list(p) for p in ids], False
-            raise _BadRequest(_error_payload("input_ids must be a list of ints or of lists"))
+            raise _BadRequest(
+                _error_payload("input_ids must be a non-empty list of ints or of such lists")
+            )
         if isinstance(text, str):
             return [self.tokenizer.encode(text, add_special_tokens=False)], True
-        if isinstance(text, list) and all(isinstance(t, str) for t in text):
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             return [self.tokenizer.encode(t, add_special_tokens=False) for t in text], False
         raise _BadRequest(_error_payload("Either text or input_ids should be provided."))
 
     async def _run(
-        self, prompt: list[int], rid: str, params: dict[str, Any], body: dict[str, Any]
+        self, prompt: list[int], call: _Call, params: dict[str, Any], body: dict[str, Any]
     ) -> dict[str, Any]:
         started = time.monotonic()
-        call = _Call(rid)
         self._calls.add(call)
-        self.stats.rids_seen.append(rid)
+        self.stats.rids_seen.append(call.rid)
         versions: list[str] = []
-        out: list[int] = []
-        finish: dict[str, Any] | None = None
+        finish: dict[str, Any]
         assert self._slots is not None
         try:
             self.stats.waiting += 1
             try:
                 with anyio.CancelScope() as waiting:
-                    abort_watch = anyio.create_task_group()
-                    async with abort_watch:
-                        abort_watch.start_soon(_cancel_on, call.aborted, waiting)
+                    async with anyio.create_task_group() as watch:
+                        watch.start_soon(_cancel_on, call.aborted, waiting)
                         await self._slots.acquire()
-                        abort_watch.cancel_scope.cancel()
+                        watch.cancel_scope.cancel()
             finally:
                 self.stats.waiting -= 1
             if call.aborted.is_set():
-                finish = {
-                    "type": "abort",
-                    "message": "Aborted",
-                    "status_code": None,
-                    "err_type": None,
-                }
+                finish = dict(_ABORT)
             else:
                 try:
                     self.stats.running += 1
                     self.stats.max_running_seen = max(
                         self.stats.max_running_seen, self.stats.running
                     )
-                    out, finish = await self._decode(prompt, call, params, versions)
+                    finish = await self._decode(prompt, call, params, versions)
                 finally:
                     self.stats.running -= 1
                     self._slots.release()
         finally:
             self._calls.discard(call)
-        return self._answer(prompt, out, finish, rid, params, body, versions, started)
+        return self._answer(prompt, call.out, finish, call.rid, params, body, versions, started)
 
     async def _decode(
         self, prompt: list[int], call: _Call, params: dict[str, Any], versions: list[str]
-    ) -> tuple[list[int], dict[str, Any]]:
-        policy = self.config.policy
-        answer = policy.answer(self.tokenizer, prompt, params.get("sampling_seed"))
+    ) -> dict[str, Any]:
+        """Make ``call.out`` token by token; returns the finish reason."""
+        answer = self.config.policy.answer(self.tokenizer, prompt, params.get("sampling_seed"))
         max_new = params.get("max_new_tokens", _DEFAULT_MAX_NEW_TOKENS)
-        room = self.config.context_length - len(prompt)
-        if room <= 0:
-            return [], {"type": "length", "length": 0}
-        max_new = min(max_new, room)
+        max_new = min(max_new, self.config.context_length - len(prompt))
+        min_new = params.get("min_new_tokens", 0)
         stop_ids = set(params.get("stop_token_ids") or ())
         stops = params.get("stop") or []
-        stops = [stops] if isinstance(stops, str) else list(stops)
+        stops = [s for s in ([stops] if isinstance(stops, str) else stops) if s]
         ignore_eos = params.get("ignore_eos", False)
-        out: list[int] = []
+        out = call.out
         latency = self.config.token_latency_s
-        filler = 1000
+        assert self._unpaused is not None
         while True:
-            if len(out) >= max_new:
-                return out, {"type": "length", "length": len(out)}
-            if latency > 0:
+            if len(out) >= max(max_new, 0):
+                return {"type": "length", "length": len(out)}
+            if not self._unpaused.is_set():
+                with anyio.CancelScope() as held:
+                    async with anyio.create_task_group() as watch:
+                        watch.start_soon(_cancel_on, call.aborted, held)
+                        await self._unpaused.wait()
+                        watch.cancel_scope.cancel()
+            if latency > 0 and not call.aborted.is_set():
                 with anyio.move_on_after(latency):
                     await call.aborted.wait()
             if call.aborted.is_set():
-                abort = {
-                    "type": "abort",
-                    "message": "Aborted",
-                    "status_code": None,
-                    "err_type": None,
-                }
-                return out, abort
+                return dict(_ABORT)
             position = len(out)
-            token = answer[position] if position < len(answer) else filler + position
+            token = answer[position] if position < len(answer) else _FILLER + position % 20000
+            if position < min_new and (token == self._eos or token in stop_ids):
+                token = _FILLER + position  # a model cannot end before min_new_tokens
             out.append(token)
             versions.append(self.weight_version)
             self.stats.generated_tokens += 1
+            call.advanced()
+            if position + 1 < min_new:
+                continue
             if token in stop_ids or (token == self._eos and not ignore_eos):
-                return out, {"type": "stop", "matched": token}
+                return {"type": "stop", "matched": token}
             if stops:
-                text = self.tokenizer.decode(out, skip_special_tokens=False)
+                # Only the tail can hold a new match: decode a bounded window.
+                tail = self.tokenizer.decode(out[-_STOP_WINDOW:], skip_special_tokens=False)
                 for stop in stops:
-                    if stop and stop in text:
-                        return out, {"type": "stop", "matched": stop}
+                    if stop in tail:
+                        return {"type": "stop", "matched": stop}
 
     def _answer(
         self,
@@ -372,14 +483,17 @@ class TextStandInEngine:
         params: dict[str, Any],
         body: dict[str, Any],
         versions: list[str],
-        started: float,
+        started: float | None,
+        *,
+        first_chunk: bool = False,
     ) -> dict[str, Any]:
+        """The answer in SGLang's key order; ``started`` None for a non-final stream chunk."""
         text = self.tokenizer.decode(
             out, skip_special_tokens=params.get("skip_special_tokens", True)
         )
         matched = finish.get("matched") if finish and finish["type"] == "stop" else None
-        if isinstance(matched, str) and matched in text and not params.get("no_stop_trim"):
-            text = text[: text.find(matched)]  # SGLang drops a matched stop string
+        if isinstance(matched, str) and not params.get("no_stop_trim") and matched in text:
+            text = text[: text.rfind(matched)]  # SGLang drops a matched stop string
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": finish,
@@ -388,52 +502,123 @@ class TextStandInEngine:
             "num_retractions": 0,
         }
         if body.get("return_logprob"):
-            meta["input_token_logprobs"] = []
+            with_text = bool(body.get("return_text_in_logprobs"))
+            start = body.get("logprob_start_len", -1)
+            meta["input_token_logprobs"] = (
+                []
+                if start is None or start < 0
+                else [
+                    [None if i == 0 else token_logprob(-i, t), t, self._piece(t, with_text)]
+                    for i, t in enumerate(prompt)
+                    if i >= start
+                ]
+            )
             meta["output_token_logprobs"] = [
-                [token_logprob(i, t), t, None] for i, t in enumerate(out)
+                [token_logprob(i, t), t, self._piece(t, with_text)] for i, t in enumerate(out)
             ]
             meta["output_token_logprobs_length"] = len(out)
-        meta.update(
-            {
-                "reasoning_tokens": 0,
-                "completion_tokens": len(out),
-                "cached_tokens": 0,
-                "weight_versions": _spans(versions),
-                "cached_tokens_details": None,
-                "dp_rank": None,
-                "e2e_latency": time.monotonic() - started,
-                "response_sent_to_client_ts": time.time(),
-            }
-        )
-        answer: dict[str, Any] = {"text": text, "output_ids": out, "meta_info": meta}
+        meta.update({"reasoning_tokens": 0, "completion_tokens": len(out), "cached_tokens": 0})
+        if started is not None:
+            meta["weight_versions"] = _spans(versions)
+        meta.update({"cached_tokens_details": None, "dp_rank": None})
+        if started is not None:
+            meta["e2e_latency"] = time.monotonic() - started
+        if started is not None or first_chunk:
+            # A stream's final chunk drops it again (see _stream), as SGLang's does.
+            meta["response_sent_to_client_ts"] = time.time()
+        answer: dict[str, Any] = {"text": text, "output_ids": list(out), "meta_info": meta}
         if body.get("return_prompt_token_ids"):
             answer["prompt_token_ids"] = prompt
         return answer
 
+    def _piece(self, token: int, with_text: bool) -> str | None:
+        return self.tokenizer.decode([token], skip_special_tokens=False) if with_text else None
+
     async def _stream(
         self,
         request: web.Request,
-        job: tuple[list[int], str],
+        job: tuple[list[int], _Call],
         params: dict[str, Any],
         body: dict[str, Any],
     ) -> web.StreamResponse:
-        # The whole answer, then cumulative chunks of it: enough for clients to parse the
-        # SSE framing and the final chunk's finish_reason.
-        prompt, rid = job
-        answer = await self._run(prompt, rid, params, body)
+        # Cumulative chunks as tokens are made (captures/gen_stream.txt): an abort
+        # mid-stream ends it with the partial output and finish type abort.
+        prompt, call = job
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        out = answer["output_ids"]
-        for end in range(1, len(out)):
-            partial = dict(answer, output_ids=out[:end], text=self.tokenizer.decode(out[:end]))
-            partial["meta_info"] = dict(
-                answer["meta_info"], finish_reason=None, completion_tokens=end
-            )
-            await response.write(f"data: {json.dumps(partial)}\n\n".encode())
-        await response.write(f"data: {json.dumps(answer)}\n\n".encode())
+        final: dict[str, Any] = {}
+        sent = 0
+        first = True
+
+        async def run() -> None:
+            final.update(await self._run(prompt, call, params, body))
+            call.advanced()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            while not final:
+                progress = call.progress
+                if len(call.out) > sent:
+                    sent = len(call.out)
+                    chunk = self._answer(
+                        prompt,
+                        call.out[:sent],
+                        None,
+                        call.rid,
+                        params,
+                        body,
+                        [],
+                        None,
+                        first_chunk=first,
+                    )
+                    await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    first = False
+                    continue
+                await progress.wait()
+        final["meta_info"].pop("response_sent_to_client_ts", None)
+        await response.write(f"data: {json.dumps(final)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    # -- /v1/chat/completions ------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await self._read_json(request)
+        except _BadRequest as bad:
+            return web.json_response(bad.payload, status=400)
+        try:
+            options = chat_options(body)
+            self._log(body)
+            self.stats.chat_requests += 1
+            prompt = self.templates.prompt_ids(body)
+            params = _check_sampling(options.sampling_params)
+        except ChatBadRequest as bad:
+            return web.json_response(bad.payload, status=400)
+        except _BadRequest as bad:
+            return web.json_response(_chat_error(bad), status=400)
+        rid = options.rid or uuid.uuid4().hex
+        # As SGLang: one rid for n == 1, random rids for the choices of n > 1.
+        rids = [rid] if options.n == 1 else [uuid.uuid4().hex for _ in range(options.n)]
+        if options.n > 1:
+            rids[0] = rid
+        generate_body = {"return_logprob": True}
+        calls = [(prompt, _Call(r)) for r in rids]
+        answers = await self._run_all(calls, params, generate_body)
+        if options.stream:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for chunk in chat_stream_chunks(rid, options, answers[0], self.tokenizer, len(prompt)):
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        choices = [
+            chat_choice(self.tokenizer, i, answer, prompt, options)
+            for i, answer in enumerate(answers)
+        ]
+        return web.json_response(chat_response(rid, options, choices, answers, len(prompt)))
 
     # -- control -------------------------------------------------------------------------
 
@@ -451,16 +636,42 @@ class TextStandInEngine:
         return web.Response(status=200)
 
     async def _loads(self, request: web.Request) -> web.Response:
-        load = {
+        include = request.query.get("include")
+        sections = {s.strip() for s in include.split(",")} if include else None
+        if sections is not None and not sections <= _LOAD_SECTIONS:
+            return web.json_response(
+                {
+                    "detail": f"Invalid include sections: {sections - _LOAD_SECTIONS}. "
+                    f"Valid options: {sorted(_LOAD_SECTIONS)}"
+                },
+                status=400,
+            )
+        used = 0  # tokens held by running requests: their prompts and outputs so far
+        load: dict[str, Any] = {
             "dp_rank": 0,
             "num_running_reqs": self.stats.running,
             "num_waiting_reqs": self.stats.waiting,
-            "num_used_tokens": 0,
+            "num_waiting_uncached_tokens": 0,
+            "num_used_tokens": used,
+            "num_total_tokens": used,
+            "max_total_num_tokens": self.config.context_length * self.config.max_running,
+            "max_running_requests": self.config.max_running,
+            "token_usage": 0.0,
+            "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0,
+            "utilization": self.stats.running / self.config.max_running,
         }
+        if sections is None or "all" in sections or "queues" in sections:
+            load["queues"] = {
+                "waiting": self.stats.waiting,
+                "grammar": 0,
+                "paused": 0,
+                "retracted": 0,
+            }
         return web.json_response(
             {
-                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-                "version": "0.5.23",
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": SGLANG_VERSION,
                 "accelerator": None,
                 "num_accelerators": 1,
                 "loads": [load],
@@ -468,7 +679,10 @@ class TextStandInEngine:
         )
 
     async def _update_weight_version(self, request: web.Request) -> web.Response:
-        body = json.loads(await request.read() or b"{}")
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            body = None
         new = body.get("new_version") if isinstance(body, dict) else None
         if not isinstance(new, str):
             return _error(400, "new_version must be a string")
@@ -479,6 +693,26 @@ class TextStandInEngine:
             {"success": True, "message": f"Weight version updated to {new}", "new_version": new}
         )
 
+    async def _pause(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            body = None
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
+        if mode not in ("abort", "retract", "in_place"):
+            return _error(400, 'pause_generation needs a body {"mode": abort|retract|in_place}')
+        assert self._unpaused is not None
+        if self._unpaused.is_set():
+            self._unpaused = anyio.Event()
+        if mode == "abort":
+            self.abort(abort_all=True)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _continue(self, request: web.Request) -> web.Response:
+        assert self._unpaused is not None
+        self._unpaused.set()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -488,7 +722,32 @@ class TextStandInEngine:
                 "model_path": self.config.model_path,
                 "tokenizer_path": self.config.model_path,
                 "is_generation": True,
+                "preferred_sampling_params": None,
                 "weight_version": self.weight_version,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "qwen3",
+                "architectures": ["Qwen3ForCausalLM"],
+            }
+        )
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        config = self.config
+        return web.json_response(
+            {
+                "model_path": config.model_path,
+                "tokenizer_path": config.model_path,
+                "host": config.host,
+                "port": int(self.url.rsplit(":", 1)[1]),
+                "context_length": config.context_length,
+                "max_running_requests": config.max_running,
+                "served_model_name": config.model_path,
+                "weight_version": self.weight_version,
+                "tool_call_parser": "qwen25",
+                "reasoning_parser": None,
+                "version": SGLANG_VERSION,
+                "stand_in": True,
+                "token_latency_s": config.token_latency_s,
             }
         )
 
@@ -511,7 +770,13 @@ class TextStandInEngine:
         )
 
     async def _flush_cache(self, request: web.Request) -> web.Response:
-        return web.Response(text="Cache flushed.\nPlease check backend logs for more details.")
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are"
+            " running or waiting requests, the operation will not be performed.)"
+        )
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(dataclasses.asdict(self.statistics()))
 
 
 async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
@@ -530,9 +795,49 @@ def _check_sampling(params: Any) -> dict[str, Any]:
             raise _BadRequest(
                 {"error": f"invalid type: `{key}` expected an integer, got {value!r}"}
             )
+        if key in _FLOAT_KEYS and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _BadRequest({"error": f"invalid type: `{key}` expected a number, got {value!r}"})
+        if key == "stop" and not (
+            isinstance(value, str)
+            or (isinstance(value, list) and all(isinstance(s, str) for s in value))
+        ):
+            raise _BadRequest(
+                {"error": f"invalid type: `stop` expected a string or a list, got {value!r}"}
+            )
+        if key == "stop_token_ids" and not (
+            isinstance(value, list) and all(_is_int(i) for i in value)
+        ):
+            raise _BadRequest(
+                {"error": f"invalid type: `stop_token_ids` expected a list, got {value!r}"}
+            )
         if key in _BOOL_KEYS and not isinstance(value, bool):
             raise _BadRequest({"error": f"invalid type: `{key}` expected a boolean, got {value!r}"})
     return dict(params)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_generate_options(body: dict[str, Any]) -> None:
+    for key in ("return_logprob", "return_text_in_logprobs", "return_prompt_token_ids", "stream"):
+        if key in body and not isinstance(body[key], bool):
+            raise _BadRequest({"error": f"invalid type: `{key}` expected a boolean"})
+    for key in ("logprob_start_len", "top_logprobs_num"):
+        if key in body and body[key] is not None and not _is_int(body[key]):
+            raise _BadRequest({"error": f"invalid type: `{key}` expected an integer"})
+    rid = body.get("rid")
+    if (
+        rid is not None
+        and not isinstance(rid, str)
+        and not (isinstance(rid, list) and all(isinstance(r, str) for r in rid))
+    ):
+        raise _BadRequest({"error": "invalid type: `rid` expected a string or a list of strings"})
+
+
+def _chat_error(bad: _BadRequest) -> dict[str, Any]:
+    message = bad.payload.get("error") or bad.payload.get("message")
+    return ChatBadRequest(str(message)).payload
 
 
 def _spans(versions: Sequence[str]) -> list[dict[str, Any]]:
