@@ -20,9 +20,11 @@
     │   └── WorkerTaskError                  the function raised; carries the remote traceback
     ├── RewardError                          a reward function failed
     ├── FilterError                          a dynamic filter raised: its group is dropped
-    └── GenerateError                        a generate function raised
-        ├── SampleInvariantError             a sample's per-token lists do not line up
-        └── ToolError                        a tool raised or timed out (multi-turn)
+    ├── GenerateError                        a generate function raised
+    │   ├── SampleInvariantError             a sample's per-token lists do not line up
+    │   ├── ToolError                        a tool raised or timed out (multi-turn)
+    │   └── AgentError                       a custom agent raised (traceback kept)
+    └── SessionError                         a chat session is unknown or closed
 
 Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
 them in their message. ``retryable`` is a class attribute the retry policy reads; an
@@ -33,6 +35,7 @@ Cancellation is never caught, wrapped or logged.
 from __future__ import annotations
 
 __all__ = [
+    "AgentError",
     "ArenaError",
     "ArenaFullError",
     "BodyTooLargeError",
@@ -50,6 +53,7 @@ __all__ = [
     "RewardError",
     "SampleInvariantError",
     "SamplingParamsError",
+    "SessionError",
     "ToolError",
     "WorkerCrashedError",
     "WorkerError",
@@ -262,3 +266,29 @@ class SampleInvariantError(GenerateError):
 class ToolError(GenerateError):
     """Raised when a tool of a multi-turn sample raises or runs past its timeout; the
     sample fails with the tool's name and the cause kept."""
+
+
+class AgentError(GenerateError):
+    """Raised when a custom agent (agentic rollouts) raises; its sample fails.
+
+    ``agent_traceback`` holds the agent's formatted traceback; its exception is the
+    ``__cause__``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        agent_traceback: str = "",
+        url: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message, url=url, request_id=request_id)
+        self.agent_traceback = agent_traceback
+
+
+class SessionError(MilesLiteError):
+    """Raised when a chat session is used that is unknown or already closed.
+
+    Usage: ``await server.close_session("nope")`` raises it, naming the session id.
+    """

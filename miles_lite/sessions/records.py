@@ -1,0 +1,107 @@
+"""What a session keeps of each chat turn: the ids and log-probs the engine returned (TITO)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from miles_lite.errors import EngineProtocolError
+
+__all__ = ["TurnRecord", "record_from_choice"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnRecord:
+    """One recorded chat turn of a session.
+
+    ``prompt_ids`` is the templated prompt the engine tokenized, ``output_ids`` /
+    ``output_log_probs`` what it generated (one log-prob per id), ``finish_reason`` the
+    OpenAI string (``stop``, ``tool_calls``, ``length``, ``abort``). ``request`` is the
+    body forwarded to the engine and ``response`` the engine's answer, kept for debugging
+    (``GET /sessions/<id>``).
+    """
+
+    rid: str
+    engine_url: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_log_probs: list[float]
+    finish_reason: str
+    weight_version: str | None = None
+    request: dict[str, Any] = field(default_factory=dict)
+    response: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON (for ``GET /sessions/<id>``)."""
+        return {
+            "rid": self.rid,
+            "engine_url": self.engine_url,
+            "prompt_token_ids": self.prompt_ids,
+            "output_token_ids": self.output_ids,
+            "output_log_probs": self.output_log_probs,
+            "finish_reason": self.finish_reason,
+            "weight_version": self.weight_version,
+            "request": self.request,
+            "response": self.response,
+        }
+
+
+def record_from_choice(
+    answer: Any, *, rid: str, engine_url: str, request: dict[str, Any]
+) -> TurnRecord:
+    """Read the first choice of an engine's chat answer into a :class:`TurnRecord`.
+
+    Needs ``prompt_token_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, id,
+    text]`` triples, one per output token, as SGLang 0.5.23 returns them with
+    ``return_prompt_token_ids`` / ``return_meta_info``). Raises
+    :class:`EngineProtocolError` naming what is missing.
+    """
+    where = {"url": engine_url, "request_id": rid}
+    if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+        raise EngineProtocolError("chat answer has no 'choices' list", **where)
+    if not answer["choices"] or not isinstance(answer["choices"][0], dict):
+        raise EngineProtocolError("chat answer has an empty 'choices' list", **where)
+    choice = answer["choices"][0]
+    prompt_ids = choice.get("prompt_token_ids")
+    meta = choice.get("meta_info")
+    if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
+        raise EngineProtocolError(
+            "chat answer lacks choices[0].prompt_token_ids; the engine must honour "
+            "return_prompt_token_ids (SGLang >= 0.5.23)",
+            **where,
+        )
+    triples = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(triples, list):
+        raise EngineProtocolError(
+            "chat answer lacks choices[0].meta_info.output_token_logprobs; the engine must "
+            "honour return_meta_info with logprobs",
+            **where,
+        )
+    ids: list[int] = []
+    log_probs: list[float] = []
+    for i, triple in enumerate(triples):
+        if (
+            not isinstance(triple, list | tuple)
+            or len(triple) < 2
+            or not isinstance(triple[1], int)
+            or not isinstance(triple[0], int | float)
+        ):
+            raise EngineProtocolError(
+                f"meta_info.output_token_logprobs[{i}] is {triple!r}, not [logprob, id, text]",
+                **where,
+            )
+        log_probs.append(float(triple[0]))
+        ids.append(triple[1])
+    finish = choice.get("finish_reason")
+    version = meta.get("weight_version") if isinstance(meta, dict) else None
+    return TurnRecord(
+        rid=rid,
+        engine_url=engine_url,
+        prompt_ids=list(prompt_ids),
+        output_ids=ids,
+        output_log_probs=log_probs,
+        finish_reason=finish if isinstance(finish, str) else "abort",
+        weight_version=version if isinstance(version, str) else None,
+        request=request,
+        response=answer,
+    )

@@ -1,0 +1,102 @@
+"""Session-server tests: a text stand-in engine on loopback, a router, a SessionServer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
+from miles_lite.generate.text_state import TextState
+from miles_lite.sampling import TextSamplingParams
+from miles_lite.sessions import SessionServer, SessionServerConfig
+from miles_lite.testing import (
+    TextPolicy,
+    TextRule,
+    TextStandInConfig,
+    TextStandInEngine,
+    load_qwen3_tokenizer,
+)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+RULES = (
+    TextRule(r"<tool_response>", "The sum is \\boxed{5}."),
+    TextRule(
+        r"add \d+ and \d+",
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+    ),
+    TextRule(r"Think first", "<think>\nLet me add.\n</think>\n\nIt is 5."),
+    TextRule(r"And now\?", "Still 5."),
+)
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    return load_qwen3_tokenizer()
+
+
+@dataclass
+class Stack:
+    engines: list[TextStandInEngine]
+    router: Router
+    state: TextState
+    server: SessionServer
+
+
+OpenStack = Callable[..., AbstractAsyncContextManager[Stack]]
+
+
+@pytest.fixture
+def stack(tokenizer: Any) -> OpenStack:
+    """``async with stack(engines=1, engine_config=..., server_config=...) as s``."""
+
+    @asynccontextmanager
+    async def open_stack(
+        *,
+        engines: int = 1,
+        engine_config: TextStandInConfig | None = None,
+        server_config: SessionServerConfig | None = None,
+        max_new_tokens: int = 64,
+    ) -> AsyncIterator[Stack]:
+        config = engine_config or TextStandInConfig(policy=TextPolicy(rules=RULES))
+        opened: list[TextStandInEngine] = []
+        try:
+            for _ in range(engines):
+                engine = TextStandInEngine(config, tokenizer)
+                await engine.__aenter__()
+                opened.append(engine)
+            client_config = EngineClientConfig(total_timeout_s=30.0)
+            async with (
+                EngineClient(client_config) as client,
+                Router([e.url for e in opened], client, RouterConfig()) as router,
+            ):
+                state = TextState(
+                    tokenizer=tokenizer,
+                    router=router,
+                    sampling=TextSamplingParams(max_new_tokens=max_new_tokens),
+                )
+                async with SessionServer(state, server_config) as server:
+                    state.sessions = server
+                    yield Stack(engines=opened, router=router, state=state, server=server)
+        finally:
+            for engine in opened:
+                await engine.aclose()
+
+    return open_stack
