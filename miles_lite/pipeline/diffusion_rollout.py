@@ -27,6 +27,7 @@ from miles_lite.generate.diffusion import DiffusionState, generate_diffusion
 from miles_lite.pipeline.driver import Driver
 from miles_lite.pipeline.filters import GroupFilter
 from miles_lite.pipeline.result import RolloutResult
+from miles_lite.pipeline.result import renumbered as _renumbered
 from miles_lite.pipeline.scoring import Scorer
 from miles_lite.pipeline.seeds import group_seeds
 from miles_lite.pools.arena import Arena, ArenaConfig
@@ -172,7 +173,7 @@ class DiffusionRollout:
         groups = []
         for g, spec in enumerate(prompts):
             if isinstance(spec, list):
-                groups.append(spec)
+                groups.append(_renumbered(spec, g, n))
                 continue
             group = spec if isinstance(spec, PromptGroup) else PromptGroup(prompt=spec)
             seeds = group.seeds or group_seeds(self.config.seed, rollout_id, g, n)

@@ -33,6 +33,7 @@ from miles_lite.pipeline.diffusion_rollout import PromptGroup, reward_pools
 from miles_lite.pipeline.driver import Driver
 from miles_lite.pipeline.filters import GroupFilter
 from miles_lite.pipeline.result import RolloutResult
+from miles_lite.pipeline.result import renumbered as _renumbered
 from miles_lite.pipeline.scoring import Scorer
 from miles_lite.pipeline.seeds import group_seeds
 from miles_lite.pipeline.text_metrics import text_metrics
@@ -141,7 +142,7 @@ class TextRollout:
         groups: list[list[Sample]] = []
         for g, spec in enumerate(prompts):
             if isinstance(spec, list) and spec and all(isinstance(s, Sample) for s in spec):
-                groups.append(spec)  # type: ignore[arg-type]
+                groups.append(_renumbered(spec, g, n))  # type: ignore[arg-type]
                 continue
             group = spec if isinstance(spec, PromptGroup) else PromptGroup(prompt=spec)  # type: ignore[arg-type]
             seeds = group.seeds or group_seeds(self.config.seed, rollout_id, g, n)

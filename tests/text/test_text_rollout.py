@@ -80,7 +80,7 @@ async def test_oversampling_keeps_the_target_aborts_the_rest_and_a_second_run_re
         ]
         assert all(0 < s.response_length < 300 for s in partial)
         assert all(s.reward is None for s in partial)  # no reward for unneeded work
-        done_before = {s.index: s.response_length for s in partial}
+        done_before = {(s.prompt, s.seed) for s in partial}
         sent_before = len(engine.stats.requests)
         # All of them this time: a rollout on the same engines without oversampling.
         everything = dataclasses.replace(
@@ -94,7 +94,8 @@ async def test_oversampling_keeps_the_target_aborts_the_rest_and_a_second_run_re
     for body in engine.stats.requests[sent_before:]:
         budget = body["sampling_params"]["max_new_tokens"]
         assert budget < 300 and budget + len(body["input_ids"]) >= 300
-    assert all(s.index in done_before for s in resumed)
+    assert {(s.prompt, s.seed) for s in resumed} == done_before
+    assert [s.index for s in resumed] == list(range(6))  # numbered for this rollout
     for sample in resumed:
         check_text_sample(sample)
 
