@@ -2,9 +2,9 @@
 
 Each worker is its own ``concurrent.futures.Executor`` holding one process, so a call can be
 sent to a chosen worker, the calls in flight per worker can be counted, and a crashed
-worker can be replaced without disturbing the others. The executor is injectable: any
-``Executor`` factory works (a ``ProcessPoolExecutor`` by default; a Dask
-``Client.get_executor()`` runs the same calls across machines).
+worker can be replaced without disturbing the others. The executor is injectable: a
+factory ``(initializer, initargs) -> Executor`` of one-process executors
+(``ProcessPoolExecutor`` with forkserver by default, or spawn).
 """
 
 from __future__ import annotations
