@@ -1,7 +1,9 @@
 """Stand-in SGLang engines speaking the real wire format, for tests, benchmarks and demos.
 
 - :class:`TextStandInEngine`: ``/generate`` and the control endpoints over the real Qwen3
-  tokenizer (:func:`load_qwen3_tokenizer`), a scripted :class:`TextPolicy`.
+  tokenizer (:func:`load_qwen3_tokenizer`), a scripted :class:`TextPolicy`; also
+  ``/v1/chat/completions``. :class:`TextEngineProcess` / :class:`TextEngineProcessGroup`
+  run it in child processes.
 - :class:`StandInEngine`: a diffusion engine, an aiohttp server on loopback (``async with``), configured by
   :class:`StandInConfig`, with runtime :class:`Faults` and :class:`EngineStats`.
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
@@ -20,11 +22,14 @@ from miles_lite.testing.rollout_body import synthetic_body
 from miles_lite.testing.rollout_request import SDE_TYPES, InvalidRequestError, RolloutRequest
 from miles_lite.testing.text_engine import (
     SAMPLING_KEYS,
+    SGLANG_VERSION,
+    TextEngineStatistics,
     TextEngineStats,
     TextStandInConfig,
     TextStandInEngine,
 )
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.text_process import TextEngineProcess, TextEngineProcessGroup
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
 from miles_lite.testing.trajectories import sigma_schedule, synthetic_sample
 
@@ -32,6 +37,7 @@ __all__ = [
     "OPTIONAL_GROUPS",
     "SAMPLING_KEYS",
     "SDE_TYPES",
+    "SGLANG_VERSION",
     "EngineProcess",
     "EngineProcessGroup",
     "EngineStats",
@@ -40,6 +46,9 @@ __all__ = [
     "RolloutRequest",
     "StandInConfig",
     "StandInEngine",
+    "TextEngineProcess",
+    "TextEngineProcessGroup",
+    "TextEngineStatistics",
     "TextEngineStats",
     "TextPolicy",
     "TextRule",

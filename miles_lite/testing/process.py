@@ -165,7 +165,7 @@ class EngineProcess(_StartStop):
         self._state = "started"
         parent, child = self._context.Pipe(duplex=False)
         process = self._context.Process(
-            target=_child_main,
+            target=self._child_target(),
             args=(self.config, child),
             name="miles-lite-stand-in-engine",
             daemon=True,
@@ -174,6 +174,11 @@ class EngineProcess(_StartStop):
         self._process = process
         process.start()
         child.close()
+
+    def _child_target(self) -> Any:
+        """The child's entry point ``(config, conn)``: it serves ``config`` and sends its URL
+        down ``conn``. A subclass that runs another engine (the text stand-in) replaces it."""
+        return _child_main
 
     def wait_ready(self, deadline: float) -> None:
         """Block until the child serves and ``/health`` is 200, or ``deadline``

@@ -1,0 +1,281 @@
+"""The text stand-in's control endpoints, sampling edge cases, streaming aborts and process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import pytest
+
+from miles_lite.errors import ConfigError
+from miles_lite.testing import TextEngineProcess
+from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.tokenizers import load_qwen3_tokenizer
+
+from .test_text_engine import assert_shape, post, post_get, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_qwen3_tokenizer()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def sse(raw: str) -> list[Any]:
+    datas = [line[len("data: ") :] for line in raw.split("\n\n") if line.startswith("data: ")]
+    assert datas[-1] == "[DONE]"
+    return [json.loads(d) for d in datas[:-1]]
+
+
+async def test_control_endpoints_answer_as_the_captures(
+    tokenizer: Any, http: aiohttp.ClientSession, captures: Path
+) -> None:
+    async with TextStandInEngine(TextStandInConfig(), tokenizer) as engine:
+        url = engine.url
+        for path in ("/health", "/health_generate"):
+            async with http.get(f"{url}{path}") as resp:
+                assert resp.status == 200 and await resp.read() == b""
+        _, models = await post_get(http, f"{url}/v1/models")
+        assert_shape(models, json.loads((captures / "v1_models.json").read_text()))
+        _, info = await post_get(http, f"{url}/model_info")
+        assert info["is_generation"] is True and info["weight_version"] == "default"
+        _, server = await post_get(http, f"{url}/server_info")
+        assert server["version"] == "0.5.23" and server["max_running_requests"] == 64
+        async with http.post(f"{url}/flush_cache") as resp:
+            flushed = await resp.text()
+        assert flushed == (captures / "flush_cache.txt").read_text().rsplit("[200]", 1)[0].rstrip(
+            "\n"
+        )
+        status, paused = await post(http, f"{url}/pause_generation", {"mode": "in_place"})
+        assert status == 200 and paused == capture_text(captures, "pause.txt")
+        assert engine.statistics().paused
+        status, resumed = await post(http, f"{url}/continue_generation", {})
+        assert status == 200 and resumed == capture_text(captures, "continue.txt")
+        status, _ = await post(http, f"{url}/pause_generation", {"mode": "sideways"})
+        assert status == 400
+        status, _ = await post(http, f"{url}/update_weight_version", {"new_version": 7})
+        assert status == 400
+        status, loads = await post_get(http, f"{url}/v1/loads?include=core")
+        assert status == 200 and set(loads) == {
+            "timestamp",
+            "version",
+            "accelerator",
+            "num_accelerators",
+            "loads",
+        }
+        assert "queues" not in loads["loads"][0] and loads["loads"][0]["max_running_requests"] == 64
+        async with http.get(f"{url}/v1/loads?include=bogus") as resp:
+            assert resp.status == 400
+
+
+def capture_text(captures: Path, name: str) -> Any:
+    return json.loads((captures / name).read_text().rsplit("[", 1)[0])
+
+
+async def test_pause_in_place_holds_running_requests_until_continue(
+    tokenizer: Any, http: aiohttp.ClientSession
+) -> None:
+    config = TextStandInConfig(token_latency_s=0.005)
+    async with TextStandInEngine(config, tokenizer) as engine:
+        url = engine.url
+        answers: list[Any] = []
+
+        async def generate() -> None:
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 10, "ignore_eos": True}}
+            answers.append((await post(http, f"{url}/generate", body))[1])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generate)
+            await wait_until(lambda: engine.stats.generated_tokens >= 2)
+            await post(http, f"{url}/pause_generation", {"mode": "in_place"})
+            held = engine.stats.generated_tokens
+            await anyio.sleep(0.1)
+            assert engine.stats.generated_tokens <= held + 1 and not answers
+            await post(http, f"{url}/continue_generation", {})
+    assert answers[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
+
+
+async def test_sampling_edge_cases(tokenizer: Any, http: aiohttp.ClientSession) -> None:
+    policy = TextPolicy(rules=[TextRule("short", "Yes.")])
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    async with TextStandInEngine(TextStandInConfig(policy=policy), tokenizer) as engine:
+        url = f"{engine.url}/generate"
+
+        async def gen(params: dict[str, Any], **extra: Any) -> Any:
+            status, answer = await post(
+                http, url, {"text": "short", "sampling_params": params, **extra}
+            )
+            assert status == 200, answer
+            return answer
+
+        plain = await gen({})
+        assert plain["text"] == "Yes." and plain["output_ids"][-1] == im_end
+        longer = await gen({"min_new_tokens": 6, "max_new_tokens": 8})
+        assert len(longer["output_ids"]) >= 6 and im_end not in longer["output_ids"][:6]
+        ignored = await gen({"ignore_eos": True, "max_new_tokens": 7})
+        assert ignored["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
+        first = plain["output_ids"][0]
+        by_id = await gen({"stop_token_ids": [first]}, return_logprob=True)
+        assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+        assert by_id["output_ids"] == [first]
+        lps = await gen({}, return_logprob=True, return_text_in_logprobs=True, logprob_start_len=0)
+        meta = lps["meta_info"]
+        assert meta["output_token_logprobs"][0][2] == tokenizer.decode([first])
+        prompt = tokenizer.encode("short", add_special_tokens=False)
+        assert [t for _, t, _ in meta["input_token_logprobs"]] == prompt
+        assert meta["input_token_logprobs"][0][0] is None
+        assert meta["output_token_logprobs"][0][0] == token_logprob(0, first)
+        for bad in (
+            {"max_new_tokens": True},
+            {"max_new_tokens": 1.5},
+            {"ignore_eos": 1},
+            {"temperature": "hot"},
+            {"stop": 3},
+            {"stop_token_ids": ["x"]},
+        ):
+            status, answer = await post(http, url, {"text": "x", "sampling_params": bad})
+            assert status == 400 and "invalid type" in answer["error"], bad
+        for bad_body in ({"sampling_params": {}}, {"input_ids": []}, {"text": "x", "rid": 5}):
+            status, _ = await post(http, url, bad_body)
+            assert status == 400, bad_body
+        async with http.post(url, data=b"{not json") as resp:
+            assert resp.status == 400
+        status, batch = await post(
+            http, url, {"text": ["a", "b"], "rid": ["r-a", "r-b"], "sampling_params": {}}
+        )
+        assert [a["meta_info"]["id"] for a in batch] == ["r-a", "r-b"]
+    stats = engine.statistics()
+    assert {"r-a", "r-b"} <= set(stats.rids_seen) and stats.running == stats.waiting == 0
+    with pytest.raises(ConfigError, match="max_running"):
+        TextStandInConfig(max_running=0)
+
+
+async def test_stream_chunks_match_the_capture_and_an_abort_ends_a_stream(
+    tokenizer: Any, http: aiohttp.ClientSession, captures: Path
+) -> None:
+    config = TextStandInConfig(token_latency_s=0.01, policy=TextPolicy(default_length=1000))
+    async with TextStandInEngine(config, tokenizer) as engine:
+        url = engine.url
+        body = {
+            "text": "x",
+            "stream": True,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 3},
+        }
+        async with http.post(f"{url}/generate", json=body) as resp:
+            chunks = sse(await resp.text())
+        real = sse((captures / "gen_stream.txt").read_text())
+        assert_shape(chunks[0], real[0])
+        assert_shape(chunks[-1], real[-1])
+        assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3]
+        assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+
+        streamed: list[Any] = []
+
+        async def victim() -> None:
+            body = {"text": "x", "rid": "long-2", "stream": True, "sampling_params": {}}
+            async with http.post(f"{url}/generate", json=body) as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data: {"):
+                        streamed.append(json.loads(line[len(b"data: ") :]))  # noqa: PERF401
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(victim)
+            await wait_until(lambda: len(streamed) >= 3)
+            await post(http, f"{url}/abort_request", {"rid": "long"})
+    last = streamed[-1]
+    real_last = sse((captures / "abort_victim_stream.txt").read_text())[-1]
+    assert_shape(last, real_last)
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 3 <= last["meta_info"]["completion_tokens"] < 128
+
+
+async def test_waiting_requests_count_in_loads_and_abort_while_waiting(
+    tokenizer: Any, http: aiohttp.ClientSession
+) -> None:
+    config = TextStandInConfig(token_latency_s=0.01, max_running=1)
+    async with TextStandInEngine(config, tokenizer) as engine:
+        url = engine.url
+        answers: dict[str, Any] = {}
+
+        async def generate(rid: str) -> None:
+            body = {"text": "x", "rid": rid, "sampling_params": {"ignore_eos": True}}
+            answers[rid] = (await post(http, f"{url}/generate", body))[1]
+
+        async with anyio.create_task_group() as tg:
+            for rid in ("a", "b", "c"):
+                tg.start_soon(generate, rid)
+            await wait_until(
+                lambda: engine.stats.waiting == 2 and engine.stats.generated_tokens > 0
+            )
+            _, loads = await post_get(http, f"{url}/v1/loads")
+            load = loads["loads"][0]
+            assert (load["num_running_reqs"], load["num_waiting_reqs"]) == (1, 2)
+            assert load["queues"]["waiting"] == 2
+            await post(http, f"{url}/abort_request", {"abort_all": True})
+    assert engine.statistics().max_running_seen == 1
+    waited = [a for a in answers.values() if a["meta_info"]["completion_tokens"] == 0]
+    assert len(waited) == 2
+    assert all(a["meta_info"]["finish_reason"]["type"] == "abort" for a in answers.values())
+
+
+async def test_weight_version_spans_and_abort_all_requests(
+    tokenizer: Any, http: aiohttp.ClientSession
+) -> None:
+    config = TextStandInConfig(token_latency_s=0.01)
+    async with TextStandInEngine(config, tokenizer) as engine:
+        url = engine.url
+        answers: list[Any] = []
+
+        async def generate() -> None:
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}}
+            answers.append((await post(http, f"{url}/generate", body))[1])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generate)
+            await wait_until(lambda: engine.stats.generated_tokens >= 3)
+            await post(http, f"{url}/update_weight_version", {"new_version": "v2"})
+        spans = answers[0]["meta_info"]["weight_versions"]
+        assert [s["version"] for s in spans] == ["default", "v2"]
+        assert spans[0]["start"] == 0 and spans[-1]["end"] == 12
+        assert spans[0]["end"] == spans[1]["start"]
+        answers.clear()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generate)
+            await wait_until(lambda: engine.stats.running == 1)
+            await post(
+                http,
+                f"{url}/update_weight_version",
+                {"new_version": "v3", "abort_all_requests": True},
+            )
+        assert answers[0]["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def test_the_engine_runs_in_a_child_process() -> None:
+    import urllib.request
+
+    with TextEngineProcess(TextStandInConfig(max_running=2)) as engine:
+        body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}}).encode()
+        request = urllib.request.Request(
+            f"{engine.url}/generate", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            generated = json.loads(answer.read())
+        stats = engine.stats()
+        with pytest.raises(ConfigError):
+            engine.set_faults(delay_s=1)
+    assert generated["meta_info"]["completion_tokens"] == 2
+    assert stats["generated_tokens"] == 2 and stats["requests"][0]["text"] == "hi"
+    assert not engine.is_alive()
