@@ -16,7 +16,7 @@ def test_guard_fails_a_test_that_blocks_the_loop(pytester: pytest.Pytester) -> N
         import time, pytest
         @pytest.mark.anyio
         async def test_blocks():
-            time.sleep(0.4)
+            time.sleep(0.6)
         """
     )
     result = pytester.runpytest("-p", "anyio")
