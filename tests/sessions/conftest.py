@@ -7,6 +7,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import openai
 import pytest
 
 from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
@@ -100,3 +101,21 @@ def stack(tokenizer: Any) -> OpenStack:
                 await engine.aclose()
 
     return open_stack
+
+
+Clients = Callable[..., openai.AsyncOpenAI]
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Clients]:
+    """``clients(base_url, api_key)``: real openai clients, all closed after the test."""
+    made: list[openai.AsyncOpenAI] = []
+
+    def make(base_url: str, api_key: str = "unused") -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=30)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.close()
