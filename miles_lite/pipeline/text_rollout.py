@@ -20,7 +20,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_lite.config import TextRolloutConfig
 from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
@@ -40,6 +40,9 @@ from miles_lite.pipeline.text_metrics import text_metrics
 from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.spans import UnitSpan
 from miles_lite.types import Sample
+
+if TYPE_CHECKING:
+    from miles_lite.sessions import SessionServerConfig
 
 __all__ = ["AbortContext", "TextRollout"]
 
@@ -111,6 +114,7 @@ class TextRollout:
         router_config: RouterConfig | None = None,
         rewards: Mapping[str, Any] | None = None,
         reward_workers: int = 1,
+        session_server: SessionServerConfig | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[TextRollout]:
         """Build the engine client, router and reward pools, yield a rollout, close them.
@@ -118,7 +122,9 @@ class TextRollout:
         ``router_config`` defaults to 256 requests in flight per engine (text engines batch
         hundreds of requests; miles' default concurrency is 512 per engine group).
         ``rewards`` maps a kind to a reward function, an async scorer or a ready pool, as
-        for :meth:`DiffusionRollout.open`.
+        for :meth:`DiffusionRollout.open`. ``session_server``: start a chat
+        :class:`~miles_lite.sessions.SessionServer` for agentic generate functions
+        (``state.sessions``), stopped on exit.
         """
         config = config or TextRolloutConfig()
         router_config = router_config or RouterConfig(max_inflight_per_engine=256)
@@ -126,7 +132,16 @@ class TextRollout:
             client = await stack.enter_async_context(EngineClient(client_config))
             router = await stack.enter_async_context(Router(engine_urls, client, router_config))
             pools = await reward_pools(stack, rewards or {}, workers=reward_workers, arena=None)
-            yield cls(config=config, router=router, tokenizer=tokenizer, rewards=pools, **kwargs)
+            rollout = cls(
+                config=config, router=router, tokenizer=tokenizer, rewards=pools, **kwargs
+            )
+            if session_server is not None:
+                from miles_lite.sessions import SessionServer
+
+                rollout.state.sessions = await stack.enter_async_context(
+                    SessionServer(rollout.state, session_server)
+                )
+            yield rollout
 
     def make_groups(
         self,
@@ -231,6 +246,10 @@ class _TextKind:
         state.request_stop()
         config = rollout.config
         router = state.router
+        sessions = state.sessions
+        if sessions is not None:
+            # Later agent requests are answered at once with finish_reason "abort".
+            await sessions.abort()
         rids = state.in_flight.rids()
         # A rid is unique (uuid4 hex): sending it to an engine that does not run it is a
         # no-op there, so every engine gets every rid.
@@ -247,7 +266,6 @@ class _TextKind:
         }
         hook = getattr(rollout.generate, "abort", None)
         if hook is not None:
-            sessions = state.sessions
             ids = tuple(sessions.session_ids()) if sessions is not None else ()
             try:
                 await hook(AbortContext(rollout_id=self.rollout_id, session_ids=ids))
