@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from miles_lite.testing.text_policy import fast_decode
+
 __all__ = [
     "ChatBadRequest",
     "ChatOptions",
@@ -264,7 +266,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _token_entry(tokenizer: Any, token: int, logprob: float, top: bool) -> dict[str, Any]:
-    text = tokenizer.decode([token], skip_special_tokens=False)
+    text = fast_decode(tokenizer, [token], skip_special_tokens=False)
     raw = list(text.encode("utf-8", errors="replace"))
     entry: dict[str, Any] = {"token": text, "bytes": raw, "logprob": logprob, "top_logprobs": []}
     if top:

@@ -35,7 +35,7 @@ from miles_lite.testing.text_chat import (
     chat_response,
     chat_stream_chunks,
 )
-from miles_lite.testing.text_policy import TextPolicy, token_logprob
+from miles_lite.testing.text_policy import TextPolicy, fast_decode, token_logprob
 
 __all__ = [
     "SAMPLING_KEYS",
@@ -171,16 +171,18 @@ class _Call:
 
     __slots__ = ("aborted", "out", "progress", "rid")
 
-    def __init__(self, rid: str) -> None:
+    def __init__(self, rid: str, *, streaming: bool = False) -> None:
         self.rid = rid
         self.aborted = anyio.Event()
         self.out: list[int] = []
-        # Set (and replaced) after each token: what a streaming answer waits on.
-        self.progress = anyio.Event()
+        # Set (and replaced) after each token: what a streaming answer waits on. None
+        # when nobody streams: an event per token costs more than making the token.
+        self.progress = anyio.Event() if streaming else None
 
     def advanced(self) -> None:
-        self.progress.set()
-        self.progress = anyio.Event()
+        if self.progress is not None:
+            self.progress.set()
+            self.progress = anyio.Event()
 
 
 class _BadRequest(Exception):
@@ -347,8 +349,12 @@ class TextStandInEngine:
         if n > 1 or not isinstance(rids, list) or len(rids) != len(expanded):
             # SGLang replaces every rid of an n > 1 request with a random one.
             rids = [uuid.uuid4().hex for _ in expanded]
-        calls = [(prompt, _Call(str(rid))) for prompt, rid in zip(expanded, rids, strict=True)]
-        if body.get("stream"):
+        stream = bool(body.get("stream"))
+        calls = [
+            (prompt, _Call(str(rid), streaming=stream))
+            for prompt, rid in zip(expanded, rids, strict=True)
+        ]
+        if stream:
             return await self._stream(request, calls[0], params, body)
         answers = await self._run_all(calls, params, body)
         return web.json_response(answers[0] if single and len(answers) == 1 else answers)
@@ -356,6 +362,8 @@ class TextStandInEngine:
     async def _run_all(
         self, calls: list[tuple[list[int], _Call]], params: dict[str, Any], body: dict[str, Any]
     ) -> list[dict[str, Any]]:
+        if len(calls) == 1:
+            return [await self._run(*calls[0], params, body)]
         answers: list[Any] = [None] * len(calls)
 
         async def run(i: int, prompt: list[int], call: _Call) -> None:
@@ -403,14 +411,14 @@ class TextStandInEngine:
         try:
             self.stats.waiting += 1
             try:
-                with anyio.CancelScope() as waiting:
-                    async with anyio.create_task_group() as watch:
-                        watch.start_soon(_cancel_on, call.aborted, waiting)
-                        await self._slots.acquire()
-                        watch.cancel_scope.cancel()
+                if self._slots.value > 0:  # a free slot: no task to watch for aborts
+                    self._slots.acquire_nowait()
+                    acquired = True
+                else:
+                    acquired = await self._wait_for_slot(call)
             finally:
                 self.stats.waiting -= 1
-            if call.aborted.is_set():
+            if not acquired:
                 finish = dict(_ABORT)
             else:
                 try:
@@ -425,6 +433,18 @@ class TextStandInEngine:
         finally:
             self._calls.discard(call)
         return self._answer(prompt, call.out, finish, call.rid, params, body, versions, started)
+
+    async def _wait_for_slot(self, call: _Call) -> bool:
+        """Wait for a batch slot; False (and no slot held) if the call is aborted first."""
+        assert self._slots is not None
+        acquired = False
+        with anyio.CancelScope() as waiting:
+            async with anyio.create_task_group() as watch:
+                watch.start_soon(_cancel_on, call.aborted, waiting)
+                await self._slots.acquire()
+                acquired = True
+                watch.cancel_scope.cancel()
+        return acquired
 
     async def _decode(
         self, prompt: list[int], call: _Call, params: dict[str, Any], versions: list[str]
@@ -451,8 +471,9 @@ class TextStandInEngine:
                         await self._unpaused.wait()
                         watch.cancel_scope.cancel()
             if latency > 0 and not call.aborted.is_set():
-                with anyio.move_on_after(latency):
-                    await call.aborted.wait()
+                # An abort is seen at the next token, as SGLang sees it at the next step;
+                # a plain sleep costs far less than a cancel scope per token.
+                await anyio.sleep(latency)
             if call.aborted.is_set():
                 return dict(_ABORT)
             position = len(out)
@@ -469,7 +490,7 @@ class TextStandInEngine:
                 return {"type": "stop", "matched": token}
             if stops:
                 # Only the tail can hold a new match: decode a bounded window.
-                tail = self.tokenizer.decode(out[-_STOP_WINDOW:], skip_special_tokens=False)
+                tail = self.decode(out[-_STOP_WINDOW:], skip_special_tokens=False)
                 for stop in stops:
                     if stop in tail:
                         return {"type": "stop", "matched": stop}
@@ -488,9 +509,7 @@ class TextStandInEngine:
         first_chunk: bool = False,
     ) -> dict[str, Any]:
         """The answer in SGLang's key order; ``started`` None for a non-final stream chunk."""
-        text = self.tokenizer.decode(
-            out, skip_special_tokens=params.get("skip_special_tokens", True)
-        )
+        text = self.decode(out, skip_special_tokens=params.get("skip_special_tokens", True))
         matched = finish.get("matched") if finish and finish["type"] == "stop" else None
         if isinstance(matched, str) and not params.get("no_stop_trim") and matched in text:
             text = text[: text.rfind(matched)]  # SGLang drops a matched stop string
@@ -532,7 +551,11 @@ class TextStandInEngine:
         return answer
 
     def _piece(self, token: int, with_text: bool) -> str | None:
-        return self.tokenizer.decode([token], skip_special_tokens=False) if with_text else None
+        return self.decode([token], skip_special_tokens=False) if with_text else None
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        """Text of ``ids`` as the tokenizer gives it (:func:`fast_decode`)."""
+        return fast_decode(self.tokenizer, ids, skip_special_tokens=skip_special_tokens)
 
     async def _stream(
         self,
@@ -558,6 +581,7 @@ class TextStandInEngine:
             tg.start_soon(run)
             while not final:
                 progress = call.progress
+                assert progress is not None  # a streaming call
                 if len(call.out) > sent:
                     sent = len(call.out)
                     chunk = self._answer(
@@ -816,7 +840,7 @@ def _check_sampling(params: Any) -> dict[str, Any]:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # not a bool, which is an int subclass
 
 
 def _check_generate_options(body: dict[str, Any]) -> None:
