@@ -16,6 +16,8 @@ traceback kept).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import inspect
 import logging
 import sys
@@ -41,24 +43,33 @@ RunAgent = Callable[[str, list[dict[str, Any]], dict[str, Any]], Awaitable[Any]]
 #: /generate sampling keys and their OpenAI chat names (the agent passes them on).
 _OPENAI_NAMES = {
     "max_new_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
     "sampling_seed": "seed",
     "temperature": "temperature",
     "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
     "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "repetition_penalty": "repetition_penalty",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
+}
+#: SGLang's chat extras: the openai client takes them only through ``extra_body``.
+_EXTRA_NAMES = {
+    "min_new_tokens": "min_tokens",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop_token_ids": "stop_token_ids",
+    "repetition_penalty": "repetition_penalty",
 }
 
 
 def chat_request_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
-    """The rollout's ``/generate`` sampling params in OpenAI chat names (``max_new_tokens``
-    -> ``max_tokens``, ...); keys chat does not take are left out."""
-    return {_OPENAI_NAMES[k]: v for k, v in sampling_params.items() if k in _OPENAI_NAMES}
+    """The rollout's ``/generate`` sampling params as keyword arguments of
+    ``openai.AsyncOpenAI().chat.completions.create``: OpenAI names at the top
+    (``max_new_tokens`` -> ``max_tokens``, ...), SGLang's extras (``top_k``, ``min_p``,
+    ...) under ``extra_body``; keys chat does not take are left out."""
+    kwargs = {_OPENAI_NAMES[k]: v for k, v in sampling_params.items() if k in _OPENAI_NAMES}
+    extra = {_EXTRA_NAMES[k]: v for k, v in sampling_params.items() if k in _EXTRA_NAMES}
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +121,10 @@ class AgentGenerate:
         self._max_trim_tokens = max_trim_tokens
         self._abort_timeout_s = abort_timeout_s
         self._sessions: SessionServer | None = None
+        # Sessions closed after the rollout began stopping: the rollout aborts engine
+        # requests before it calls the hook, so their agents may already have returned;
+        # the hook still needs their ids to find the agents' work.
+        self._stopped_sessions: dict[str, None] = {}
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +174,8 @@ class AgentGenerate:
         finally:
             with anyio.CancelScope(shield=True):
                 records = await server.close_session(session.id)
+            if state.stopping:
+                self._stopped_sessions[session.id] = None
         max_seq_len = self._max_seq_len or getattr(state, "max_context_len", None)
         tokenizer = state.tokenizer
         assembly = await anyio.to_thread.run_sync(
@@ -176,24 +193,38 @@ class AgentGenerate:
             sample.metadata["empty_reason"] = assembly.empty_reason
             return [sample]
         reward, metadata = _agent_result(returned)
-        for made in assembly.samples:
-            made.metadata.update(metadata)
-            made.metadata["session_id"] = session.id
+        made = assembly.samples
+        # The first sample is the input one, filled in place: the driver keeps the input
+        # objects of groups stopped early (partial rollout), so their output must be there.
+        for name in (f.name for f in dataclasses.fields(Sample)):
+            setattr(sample, name, getattr(made[0], name))
+        made[0] = sample
+        for out in made:
+            out.metadata.update(metadata)
+            out.metadata["session_id"] = session.id
             if reward is not None:
-                made.reward = reward
-        return assembly.samples
+                out.reward = reward
+        return made
 
     async def abort(self, ctx: Any) -> AgentAbortResult:
         """Early stop: abort the sessions of ``ctx.session_ids`` at the session server (their
         engine requests, and every later request answers ``abort``), then call the agent's
-        ``abort(ctx)`` hook once, bounded by ``abort_timeout_s``.
+        ``abort(ctx)`` hook once, bounded by ``abort_timeout_s``. The hook's ``ctx`` also
+        names the sessions that closed since the stop began (their agents returned when
+        their requests were aborted).
 
         A missing hook is fine; a hook that raises or runs past the bound is returned in
         :class:`AgentAbortResult` (``error``), never raised.
         """
         start = anyio.current_time()
+        ids = dict.fromkeys(getattr(ctx, "session_ids", ()) or ())
         if self._sessions is not None:
-            await self._sessions.abort(list(getattr(ctx, "session_ids", ()) or ()))
+            await self._sessions.abort(list(ids))
+        ids.update(self._stopped_sessions)
+        self._stopped_sessions = {}
+        if dataclasses.is_dataclass(ctx) and not isinstance(ctx, type):
+            with contextlib.suppress(TypeError):
+                ctx = dataclasses.replace(ctx, session_ids=tuple(ids))  # type: ignore[type-var]
         hook = self._abort_hook
         if hook is None:
             return AgentAbortResult(called=False, error=None, elapsed_s=0.0)

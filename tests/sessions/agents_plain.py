@@ -1,0 +1,24 @@
+"""An agent module without an ``abort`` hook, and one whose agent raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+
+
+async def run_agent(
+    base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict[str, Any]
+) -> Any:
+    """One chat turn; no reward (the rollout's reward pool scores it)."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=30) as oa:
+        await oa.chat.completions.create(model="m", messages=prompt, **request_kwargs)  # type: ignore[arg-type]
+    return None
+
+
+async def failing_agent(
+    base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict[str, Any]
+) -> Any:
+    """One turn, then a bug."""
+    await run_agent(base_url, prompt, request_kwargs)
+    raise KeyError("the agent's own bug")
