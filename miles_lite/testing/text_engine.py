@@ -129,7 +129,8 @@ class TextEngineStats:
     """Counters of one :class:`TextStandInEngine`, updated as it runs.
 
     ``requests``: the JSON bodies of ``/generate`` received (oldest first, bounded);
-    ``rids_seen``: every rid generated for; ``aborts``: ``/abort_request`` bodies;
+    ``rids_seen``: the rids generated for (both logs keep the first
+    ``request_log_limit``); ``aborts``: ``/abort_request`` bodies;
     ``running`` / ``waiting``: generating now / waiting for a slot; ``max_running_seen``:
     the most generating at once; ``generated_tokens``: output tokens made in all.
     """
@@ -404,7 +405,8 @@ class TextStandInEngine:
     ) -> dict[str, Any]:
         started = time.monotonic()
         self._calls.add(call)
-        self.stats.rids_seen.append(call.rid)
+        if len(self.stats.rids_seen) < self.config.request_log_limit:
+            self.stats.rids_seen.append(call.rid)
         versions: list[str] = []
         finish: dict[str, Any]
         assert self._slots is not None
@@ -450,7 +452,9 @@ class TextStandInEngine:
         self, prompt: list[int], call: _Call, params: dict[str, Any], versions: list[str]
     ) -> dict[str, Any]:
         """Make ``call.out`` token by token; returns the finish reason."""
-        answer = self.config.policy.answer(self.tokenizer, prompt, params.get("sampling_seed"))
+        answer = self.config.policy.answer(
+            self.tokenizer, prompt, params.get("sampling_seed"), call.rid
+        )
         max_new = params.get("max_new_tokens", _DEFAULT_MAX_NEW_TOKENS)
         max_new = min(max_new, self.config.context_length - len(prompt))
         min_new = params.get("min_new_tokens", 0)
@@ -536,6 +540,13 @@ class TextStandInEngine:
                 [token_logprob(i, t), t, self._piece(t, with_text)] for i, t in enumerate(out)
             ]
             meta["output_token_logprobs_length"] = len(out)
+            top = body.get("top_logprobs_num") or 0
+            if top > 0:
+                # The stand-in's distribution puts its chosen token first: top-k = top-1.
+                meta["input_top_logprobs"] = [
+                    None if entry[0] is None else [entry] for entry in meta["input_token_logprobs"]
+                ]
+                meta["output_top_logprobs"] = [[entry] for entry in meta["output_token_logprobs"]]
         meta.update({"reasoning_tokens": 0, "completion_tokens": len(out), "cached_tokens": 0})
         if started is not None:
             meta["weight_versions"] = _spans(versions)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,21 +53,34 @@ class TextPolicy:
     """The scripted policy (see the module docstring).
 
     ``rules`` are tried in order; ``default_length`` tokens answer a prompt no rule
-    matches; ``eos`` ends every scripted answer (as a model emits its end-of-turn token).
+    matches, drawn from (``seed``, the request's ``sampling_seed`` or else its rid, the
+    prompt): a group of samples with their own rids gets distinct answers, a repeated
+    request the same one. ``eos`` ends every answer (as a model emits its end-of-turn
+    token).
     """
 
     rules: Sequence[TextRule] = field(default_factory=tuple)
     default_length: int = 16
     eos: bool = True
+    seed: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.seed, int):
+            raise ConfigError(f"TextPolicy.seed must be an int, got {self.seed!r}")
         if not isinstance(self.default_length, int) or self.default_length < 0:
             raise ConfigError(
                 f"TextPolicy.default_length must be an int >= 0, got {self.default_length!r}"
             )
 
-    def answer(self, tokenizer: Any, prompt_ids: Sequence[int], seed: int | None) -> list[int]:
-        """The full answer (EOS included) this policy gives to ``prompt_ids``."""
+    def answer(
+        self,
+        tokenizer: Any,
+        prompt_ids: Sequence[int],
+        seed: int | None,
+        rid: str | None = None,
+    ) -> list[int]:
+        """The full answer (EOS included) this policy gives to ``prompt_ids``; ``seed`` is
+        the request's ``sampling_seed``, ``rid`` its rid (used when ``seed`` is None)."""
         if self.rules:
             text = fast_decode(tokenizer, prompt_ids, skip_special_tokens=False)
             last_turn = _last_turn(text)
@@ -74,8 +88,10 @@ class TextPolicy:
                 if re.search(rule.pattern, last_turn):
                     ids = list(tokenizer.encode(rule.response, add_special_tokens=False))
                     return ids + ([_eos_id(tokenizer)] if self.eos else [])
-        key = f"{seed}:{len(prompt_ids)}:{sum(prompt_ids) % 1_000_003}".encode()
-        rand = random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update(f"{self.seed}:{seed if seed is not None else rid}:".encode())
+        digest.update(array("q", prompt_ids).tobytes())
+        rand = random.Random(int.from_bytes(digest.digest(), "little"))
         ids = [rand.randrange(*_VOCAB_RANGE) for _ in range(self.default_length)]
         return ids + ([_eos_id(tokenizer)] if self.eos else [])
 

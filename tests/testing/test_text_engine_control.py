@@ -279,3 +279,42 @@ def test_the_engine_runs_in_a_child_process() -> None:
     assert generated["meta_info"]["completion_tokens"] == 2
     assert stats["generated_tokens"] == 2 and stats["requests"][0]["text"] == "hi"
     assert not engine.is_alive()
+
+
+async def test_random_answers_follow_seed_rid_and_prompt(
+    tokenizer: Any, http: aiohttp.ClientSession
+) -> None:
+    async with TextStandInEngine(TextStandInConfig(), tokenizer) as engine:
+        url = f"{engine.url}/generate"
+
+        async def ids(rid: str, text: str = "x", **params: Any) -> list[int]:
+            body = {"text": text, "rid": rid, "sampling_params": params}
+            return list((await post(http, url, body))[1]["output_ids"])
+
+        assert await ids("a") == await ids("a")
+        assert await ids("a") != await ids("b")
+        assert await ids("a") != await ids("a", text="y")
+        assert await ids("a", sampling_seed=7) == await ids("b", sampling_seed=7)
+        _, top = await post(
+            http,
+            url,
+            {"text": "x", "return_logprob": True, "top_logprobs_num": 2, "sampling_params": {}},
+        )
+        meta = top["meta_info"]
+        assert meta["output_top_logprobs"] == [[e] for e in meta["output_token_logprobs"]]
+    with pytest.raises(ConfigError, match="seed"):
+        TextPolicy(seed="1")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="pattern"):
+        TextRule("(unclosed", "x")
+
+
+async def test_a_client_that_goes_away_leaves_nothing_running(
+    tokenizer: Any, http: aiohttp.ClientSession
+) -> None:
+    config = TextStandInConfig(token_latency_s=0.01)
+    async with TextStandInEngine(config, tokenizer) as engine:
+        body = {"text": "x", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+        with anyio.move_on_after(0.1):
+            await post(http, f"{engine.url}/generate", body)
+        await wait_until(lambda: engine.stats.running == 0)
+        assert 0 < engine.stats.generated_tokens < 100
