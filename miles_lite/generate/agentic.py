@@ -105,7 +105,7 @@ class AgentGenerate:
         abort_hook: Callable[[Any], Any] | None = None,
         mode: AssemblyMode = "merged",
         max_seq_len: int | None = None,
-        max_trim_tokens: int = 2,
+        max_trim_tokens: int = 1,
         abort_timeout_s: float = 10.0,
     ) -> None:
         if mode not in ("merged", "per_turn"):
@@ -224,7 +224,7 @@ class AgentGenerate:
         self._stopped_sessions = {}
         if dataclasses.is_dataclass(ctx) and not isinstance(ctx, type):
             with contextlib.suppress(TypeError):
-                ctx = dataclasses.replace(ctx, session_ids=tuple(ids))  # type: ignore[type-var]
+                ctx = dataclasses.replace(ctx, session_ids=tuple(ids))
         hook = self._abort_hook
         if hook is None:
             return AgentAbortResult(called=False, error=None, elapsed_s=0.0)

@@ -121,7 +121,7 @@ def truncate_turns(samples: Sequence[Sample], max_seq_len: int | None) -> list[S
 
 
 def merge_turns(
-    samples: Sequence[Sample], *, max_trim_tokens: int = 2, decode: Decode | None = None
+    samples: Sequence[Sample], *, max_trim_tokens: int = 1, decode: Decode | None = None
 ) -> Assembly:
     """Merge consecutive turn samples into trajectories, left to right.
 
@@ -154,12 +154,19 @@ def merge_turns(
             _strip(current, trim)
             trimmed += trim
         between = prompt[len(current.tokens) :]
-        assert current.loss_mask is not None and isinstance(current.rollout_log_probs, list)
         current.tokens = list(turn.tokens)
         current.response += decode(list(between)) + turn.response
         current.response_length += len(between) + turn.response_length
-        current.loss_mask += [0] * len(between) + list(turn.loss_mask or [])
-        current.rollout_log_probs += [0.0] * len(between) + list(turn.rollout_log_probs or [])
+        current.loss_mask = [
+            *(current.loss_mask or []),
+            *[0] * len(between),
+            *(turn.loss_mask or []),
+        ]
+        current.rollout_log_probs = [
+            *_floats(current.rollout_log_probs),
+            *[0.0] * len(between),
+            *_floats(turn.rollout_log_probs),
+        ]
         current.weight_versions += turn.weight_versions
         current.status = turn.status
         last_output = turn.response_length
@@ -174,7 +181,7 @@ def assemble_samples(
     *,
     mode: AssemblyMode = "merged",
     max_seq_len: int | None = None,
-    max_trim_tokens: int = 2,
+    max_trim_tokens: int = 1,
     decode: Decode | None = None,
 ) -> Assembly:
     """Compute, truncate and (``merged``) merge the samples of a session's ``records``.
@@ -220,6 +227,10 @@ def _strip(sample: Sample, n: int) -> None:
         sample.loss_mask = sample.loss_mask[: len(sample.loss_mask) - n]
     if isinstance(sample.rollout_log_probs, list):
         sample.rollout_log_probs = sample.rollout_log_probs[: len(sample.rollout_log_probs) - n]
+
+
+def _floats(values: object) -> list[float]:
+    return list(values) if isinstance(values, list) else []
 
 
 def _own_copy(sample: Sample) -> Sample:
