@@ -1,14 +1,33 @@
-"""A stand-in SGLang text engine on loopback: ``/generate`` and the control endpoints.
+r"""A stand-in SGLang text engine on loopback, answering as SGLang 0.5.23 does.
 
-It answers exactly in the shape of SGLang 0.5.23's captures (``tests/data/sglang_captures``):
-``output_ids``, ``meta_info`` with ``output_token_logprobs`` triples, ``finish_reason``
-objects, ``weight_version(s)``; strict ``sampling_params`` (an unknown key is a 400 in
-SGLang's words); stop strings and stop token ids with ``no_stop_trim``; ``n > 1`` with
-replaced rids; rid-prefix ``/abort_request`` and ``abort_all`` answering the aborted
-request with its partial output; ``/v1/loads``; ``/update_weight_version``; SSE streaming.
+Usage::
+
+    config = TextStandInConfig(token_latency_s=0.01, policy=TextPolicy(rules=[
+        TextRule(r"What is 2\+3", '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'),
+    ]))
+    async with TextStandInEngine(config) as engine:   # or TextEngineProcess(config)
+        ...  # POST f"{engine.url}/generate"; engine.statistics()
+
+Endpoints, in the shape of the captures (``tests/data/sglang_captures``), key for key:
+
+- ``POST /generate``: ``text`` or ``input_ids`` (one or a batch), ``rid`` (one or a list),
+  strict ``sampling_params`` (an unknown key or a wrong type is a 400 in SGLang's words),
+  ``return_logprob`` (``output_token_logprobs`` triples), ``return_text_in_logprobs``,
+  ``logprob_start_len``, ``top_logprobs_num``, ``return_prompt_token_ids``, ``stream``
+  (cumulative SSE chunks, token by token), ``n > 1`` (random rids). Stop strings and stop
+  ids with ``no_stop_trim``, ``max_new_tokens``, ``min_new_tokens``, ``ignore_eos``, EOS.
+- ``POST /v1/chat/completions``: see :mod:`miles_lite.testing.text_chat`.
+- ``POST /abort_request`` (rid prefix or ``abort_all``: the aborted request answers 200 with
+  its partial output), ``GET /v1/loads`` (SGLang's LoadSnapshot keys, ``?include=``),
+  ``POST /update_weight_version``, ``/update_weights_from_disk``, ``/pause_generation``
+  (``abort`` / ``retract`` / ``in_place``), ``/continue_generation``, ``/flush_cache``,
+  ``GET /health``, ``/health_generate`` (503 during ``warmup_s``), ``/model_info``,
+  ``/server_info``, ``/v1/models``; ``GET /_stand_in/stats`` (the statistics as JSON).
+
 What it generates comes from a seeded scripted policy over the real Qwen3 tokenizer
 (:class:`~miles_lite.testing.text_policy.TextPolicy`). Each output token takes
-``token_latency_s``; at most ``max_running`` requests generate at once, the rest wait.
+``token_latency_s``; at most ``max_running`` requests generate at once, the rest wait
+(``num_waiting_reqs``), so aborts find requests running.
 """
 
 from __future__ import annotations
@@ -104,6 +123,13 @@ class TextStandInConfig:
     """How the text stand-in behaves. Times in seconds.
 
     Usage: ``TextStandInConfig(token_latency_s=0.01, policy=TextPolicy(rules=[...]))``.
+
+    ``policy``: what it answers. ``token_latency_s``: time per output token.
+    ``max_running``: batch slots (more requests wait). ``context_length``: prompt plus
+    output tokens at most. ``warmup_s``: ``/health``, ``/health_generate``, ``/generate``
+    and chat answer 503 for this long after start. ``model_path`` and ``weight_version``:
+    what the model endpoints report. ``request_log_limit``: how many request bodies and
+    rids the statistics keep.
     """
 
     policy: TextPolicy = field(default_factory=TextPolicy)
@@ -115,13 +141,20 @@ class TextStandInConfig:
     host: str = "127.0.0.1"
     port: int = 0
     request_log_limit: int = 10_000
+    warmup_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.token_latency_s >= 0:
-            raise ConfigError(f"token_latency_s must be >= 0, got {self.token_latency_s!r}")
+        for name in ("token_latency_s", "warmup_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ConfigError(f"TextStandInConfig.{name} must be >= 0, got {value!r}")
+        if not isinstance(self.policy, TextPolicy):
+            raise ConfigError(f"TextStandInConfig.policy must be a TextPolicy, got {self.policy!r}")
         for name in ("max_running", "context_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+                raise ConfigError(
+                    f"TextStandInConfig.{name} must be an int >= 1, got {getattr(self, name)!r}"
+                )
 
 
 @dataclass
@@ -221,6 +254,7 @@ class TextStandInEngine:
         self._slots: anyio.Semaphore | None = None
         self._unpaused: anyio.Event | None = None
         self._eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._ready_at = 0.0
 
     @property
     def url(self) -> str:
@@ -255,6 +289,7 @@ class TextStandInEngine:
         if self._closed:
             raise ClosedResourceError("this TextStandInEngine was closed; create a new one")
         self._slots = anyio.Semaphore(self.config.max_running)
+        self._ready_at = time.monotonic() + self.config.warmup_s
         self._unpaused = anyio.Event()
         self._unpaused.set()
         app = web.Application(client_max_size=64 << 20)
@@ -265,6 +300,7 @@ class TextStandInEngine:
         add_get("/v1/loads", self._loads)
         add_get("/get_loads", self._loads)
         add_post("/update_weight_version", self._update_weight_version)
+        add_post("/update_weights_from_disk", self._update_weights_from_disk)
         add_post("/pause_generation", self._pause)
         add_post("/continue_generation", self._continue)
         add_get("/health", self._health)
@@ -328,6 +364,8 @@ class TextStandInEngine:
             raise _BadRequest(_error_payload(f"invalid JSON body: {exc}")) from exc
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if self._warming():
+            return _error(503, "The server is not ready yet (warming up)")
         try:
             body = await self._read_json(request)
             if not isinstance(body, dict):
@@ -619,6 +657,8 @@ class TextStandInEngine:
     # -- /v1/chat/completions ------------------------------------------------------------
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if self._warming():
+            return _error(503, "The server is not ready yet (warming up)")
         try:
             body = await self._read_json(request)
         except _BadRequest as bad:
@@ -748,8 +788,27 @@ class TextStandInEngine:
         self._unpaused.set()
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
+    def _warming(self) -> bool:
+        return time.monotonic() < self._ready_at
+
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=503 if self._warming() else 200)
+
+    async def _update_weights_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return _error(400, "update_weights_from_disk needs a body with a model_path string")
+        new = body.get("weight_version")
+        if new is not None and not isinstance(new, str):
+            return _error(400, "weight_version must be a string")
+        message = "Succeeded to update model weights."
+        if new is not None:
+            self.weight_version = new
+            message += f" Weight version updated to {new}."
+        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
     async def _model_info(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -885,15 +944,15 @@ def _spans(versions: Sequence[str]) -> list[dict[str, Any]]:
     return spans
 
 
-def _error_payload(message: str) -> dict[str, Any]:
+def _error_payload(message: str, status: int = 400) -> dict[str, Any]:
     return {
         "object": "error",
         "message": message,
-        "type": "Bad Request",
+        "type": "Bad Request" if status == 400 else "Service Unavailable",
         "param": None,
-        "code": 400,
+        "code": status,
     }
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response(_error_payload(message), status=status)
+    return web.json_response(_error_payload(message, status), status=status)

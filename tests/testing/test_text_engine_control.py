@@ -318,3 +318,31 @@ async def test_a_client_that_goes_away_leaves_nothing_running(
             await post(http, f"{engine.url}/generate", body)
         await wait_until(lambda: engine.stats.running == 0)
         assert 0 < engine.stats.generated_tokens < 100
+
+
+async def test_warm_up_answers_503_and_weights_from_disk_set_the_version(
+    tokenizer: Any, http: aiohttp.ClientSession, captures: Path
+) -> None:
+    async with TextStandInEngine(TextStandInConfig(warmup_s=0.3), tokenizer) as engine:
+        url = engine.url
+        async with http.get(f"{url}/health") as resp:
+            assert resp.status == 503
+        status, _ = await post(http, f"{url}/generate", {"text": "x"})
+        assert status == 503
+        status, _ = await post(http, f"{url}/v1/chat/completions", {"messages": []})
+        assert status == 503
+        await anyio.sleep(0.35)
+        async with http.get(f"{url}/health_generate") as resp:
+            assert resp.status == 200
+        status, answer = await post(
+            http,
+            f"{url}/update_weights_from_disk",
+            {"model_path": "/models/x", "weight_version": "step-8"},
+        )
+        assert status == 200
+        assert answer == capture_text(captures, "update_weights_from_disk.txt")
+        assert engine.statistics().weight_version == "step-8"
+        status, _ = await post(http, f"{url}/update_weights_from_disk", {"weight_version": "9"})
+        assert status == 400
+    with pytest.raises(ConfigError, match="warmup_s"):
+        TextStandInConfig(warmup_s=-1)
