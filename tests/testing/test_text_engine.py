@@ -148,7 +148,7 @@ async def test_stop_strings_and_eos_with_and_without_trim(
 
 
 async def test_abort_by_rid_prefix_returns_partial_output_and_loads_go_idle(
-    tokenizer: Any, http: aiohttp.ClientSession
+    tokenizer: Any, http: aiohttp.ClientSession, captures: Path
 ) -> None:
     config = TextStandInConfig(token_latency_s=0.01, policy=TextPolicy(default_length=1000))
     async with TextStandInEngine(config, tokenizer) as engine:
@@ -169,6 +169,7 @@ async def test_abort_by_rid_prefix_returns_partial_output_and_loads_go_idle(
             await anyio.sleep(0.05)
             await post(http, f"{engine.url}/abort_request", {"abort_all": True})
         _, loads = await post_get(http, f"{engine.url}/v1/loads")
+    assert_shape(answers["job10"], capture(captures, "abort_victim.json"))
     for rid in ("job10", "other"):
         meta = answers[rid]["meta_info"]
         assert meta["finish_reason"]["type"] == "abort" and meta["id"] == rid
@@ -240,3 +241,49 @@ async def test_streaming_ends_with_the_finish_reason_and_done(
     last = json.loads(chunks[-2])
     assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
     assert all(json.loads(c)["meta_info"]["finish_reason"] is None for c in chunks[:-2])
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [
+        (
+            "gen_batch.json",
+            {
+                "input_ids": [[1, 2], [3, 4, 5, 6, 7, 8]],
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 3},
+            },
+        ),
+        (
+            "gen_n2.json",
+            {
+                "text": "hi",
+                "return_logprob": True,
+                "sampling_params": {"n": 2, "max_new_tokens": 3},
+            },
+        ),
+        (
+            "gen_stop.json",
+            {
+                "text": "hi",
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 3, "stop": ["never-seen"]},
+            },
+        ),
+        (
+            "gen_unknown_top_field.txt",
+            {"text": "hi", "unknown_top_field": 1, "sampling_params": {"max_new_tokens": 3}},
+        ),
+    ],
+)
+async def test_each_generate_capture_has_the_same_keys_and_types(
+    name: str, body: dict[str, Any], tokenizer: Any, http: aiohttp.ClientSession, captures: Path
+) -> None:
+    async with TextStandInEngine(TextStandInConfig(), tokenizer) as engine:
+        status, answer = await post(http, f"{engine.url}/generate", body)
+    assert status == 200
+    real = capture(captures, name)
+    assert isinstance(answer, list) == isinstance(real, list)
+    if isinstance(real, list):
+        assert len(answer) == len(real)
+    assert_shape(answer, real)

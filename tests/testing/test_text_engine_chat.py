@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
 import openai
 import pytest
 
@@ -15,7 +16,7 @@ from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 
-from .test_text_engine import assert_shape, capture, post
+from .test_text_engine import assert_shape, capture, post, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -205,3 +206,34 @@ async def test_plain_streaming_has_the_captures_chunks(
     for mine, real in zip(got, want, strict=True):
         assert_shape(mine, real)
     assert got[-2]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_an_aborted_chat_request_answers_with_its_partial_output(
+    tokenizer: Any, http: aiohttp.ClientSession
+) -> None:
+    config = TextStandInConfig(token_latency_s=0.01, policy=TextPolicy(default_length=500))
+    async with TextStandInEngine(config, tokenizer) as engine:
+        url = engine.url
+        answers: list[Any] = []
+
+        async def chat() -> None:
+            body = {
+                "messages": [{"role": "user", "content": "write a lot"}],
+                "rid": "session-7-turn-1",
+                "return_meta_info": True,
+            }
+            answers.append((await post(http, f"{url}/v1/chat/completions", body))[1])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(chat)
+            await wait_until(lambda: engine.stats.generated_tokens >= 3)
+            await post(http, f"{url}/abort_request", {"rid": "session-7"})
+        assert engine.stats.running == 0
+    choice = answers[0]["choices"][0]
+    assert choice["finish_reason"] == "abort" and choice["matched_stop"] is None
+    assert choice["meta_info"]["id"] == "session-7-turn-1"
+    assert 3 <= choice["meta_info"]["completion_tokens"] < 500
+    assert (
+        len(choice["meta_info"]["output_token_logprobs"])
+        == choice["meta_info"]["completion_tokens"]
+    )
