@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from miles_lite.errors import MilesLiteError
 
-__all__ = ["DiTTrajectory", "Sample", "SampleStatus"]
+__all__ = ["DiTTrajectory", "PrefixCacheInfo", "Sample", "SampleStatus"]
 
 
 class SampleStatus(str, enum.Enum):
@@ -35,6 +35,20 @@ class DiTTrajectory:
     latents: torch.Tensor | None = None
     timesteps: torch.Tensor | None = None
     sigmas: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class PrefixCacheInfo:
+    """Prompt tokens the engine found in its prefix cache, summed over a sample's requests
+    (``meta_info.cached_tokens`` / ``prompt_tokens``, as miles' ``prefix_cache_info``)."""
+
+    cached_tokens: int = 0
+    total_prompt_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Cached share of the prompt tokens sent (0.0 before any request)."""
+        return self.cached_tokens / self.total_prompt_tokens if self.total_prompt_tokens else 0.0
 
 
 @dataclass(kw_only=True)
@@ -65,6 +79,13 @@ class Sample:
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | torch.Tensor | None = None
     weight_versions: list[str] = field(default_factory=list)
+    #: Raw media of a multimodal prompt (``{"images": [PIL images or data URLs]}``) and
+    #: what the processor made of them for training (``pixel_values``, ``image_grid_thw``).
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
+    #: Wall time spent outside the engine (tools, environments), in seconds.
+    non_generation_time: float = 0.0
+    prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
 
     # diffusion
     seed: int | None = None
@@ -80,6 +101,30 @@ class Sample:
         """Mark this sample FAILED because of ``error`` (kept in ``self.error``)."""
         self.status = SampleStatus.FAILED
         self.error = error
+
+    def validate(self) -> None:
+        """Check the text invariants (miles' ``Sample.validate``).
+
+        ``len(tokens) >= response_length``, and each per-token list (``loss_mask``,
+        ``rollout_log_probs``) that is set has exactly ``response_length`` entries.
+        Raises :class:`~miles_lite.errors.SampleInvariantError` naming every violation.
+        """
+        from miles_lite.errors import SampleInvariantError
+
+        n = self.response_length
+        problems = []
+        if n < 0:
+            problems.append(f"response_length is {n} < 0")
+        if len(self.tokens) < n:
+            problems.append(f"tokens has {len(self.tokens)} entries < response_length {n}")
+        for name in ("loss_mask", "rollout_log_probs"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                problems.append(f"{name} has {len(value)} entries, response_length is {n}")
+        if problems:
+            raise SampleInvariantError(
+                f"sample {self.index}: " + "; ".join(problems), request_id=self.request_id
+            )
 
     def detach_tensors(self) -> None:
         """Replace every diffusion tensor by a private copy, releasing shared memory."""

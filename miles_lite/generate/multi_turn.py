@@ -38,7 +38,7 @@ from miles_lite.generate.text_request import (
 )
 from miles_lite.generate.text_state import TextState
 from miles_lite.generate.tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallParser
-from miles_lite.types import Sample, SampleStatus
+from miles_lite.types import PrefixCacheInfo, Sample, SampleStatus
 
 __all__ = ["MultiTurnOptions", "add_arguments", "generate"]
 
@@ -150,7 +150,9 @@ async def generate(input: GenerateFnInput) -> Sample:
         messages.append({"role": "assistant", "content": _strip_eos(text)})
         started = time.monotonic()
         results = [{"role": "tool", "content": await _run_tool(c, options)} for c in calls]
-        span.non_generation_time_s += time.monotonic() - started
+        tool_time = time.monotonic() - started
+        span.non_generation_time_s += tool_time
+        sample.non_generation_time += tool_time
         messages.extend(results)
         ends_with_eos = bool(output_ids) and output_ids[-1] == _eos_id(state)
         env_text = await _env_text(state, results, ends_with_eos)
@@ -195,6 +197,8 @@ def _reset(sample: Sample) -> None:
     sample.loss_mask = []
     sample.rollout_log_probs = []
     sample.weight_versions = []
+    sample.non_generation_time = 0.0
+    sample.prefix_cache_info = PrefixCacheInfo()
     sample.status = SampleStatus.PENDING
 
 

@@ -1,7 +1,9 @@
 """``single_turn``: one ``/generate`` request per sample; resumes aborted samples.
 
 A text prompt is tokenized, a chat ``messages`` prompt goes through the chat template,
-a token prompt (``sample.tokens`` given with ``response_length == 0``) is sent as it is.
+a token prompt (``sample.tokens`` given with ``response_length == 0``) is sent as it is,
+a multimodal prompt (``sample.multimodal_inputs["images"]`` and a ``state.processor``)
+goes through the processor and its images go as ``image_data``.
 An ABORTED sample (partial rollout) continues from its tokens with what is left of its
 budget. A prompt that leaves no room in the context is never sent: the sample ends
 TRUNCATED with ``metadata["truncated_reason"] = "prompt_too_long"``.
@@ -17,8 +19,9 @@ from miles_lite.generate.text_request import (
     apply_generate_answer,
     build_generate_payload,
     check_text_sample,
+    image_data_urls,
     post_generate,
-    prompt_ids,
+    sample_prompt_ids,
 )
 from miles_lite.generate.text_state import TextState
 from miles_lite.types import Sample, SampleStatus
@@ -41,8 +44,8 @@ async def generate(input: GenerateFnInput) -> Sample:
     if sample.status not in (SampleStatus.PENDING, SampleStatus.ABORTED):
         return sample  # already finished (carried over by a partial rollout)
     resuming = sample.status is SampleStatus.ABORTED and bool(sample.tokens)
-    if not resuming and not (sample.tokens and sample.response_length == 0):
-        sample.tokens = await prompt_ids(state, sample.prompt)
+    if not resuming:
+        sample.tokens = await sample_prompt_ids(state, sample)
     params: dict[str, Any] = dict(input.sampling_params)
     budget = output_budget(state, sample, int(params.get("max_new_tokens", 0)))
     if budget <= 0:
@@ -54,7 +57,9 @@ async def generate(input: GenerateFnInput) -> Sample:
         sample.status = SampleStatus.ABORTED  # early stop: never sent
         return sample
     params["max_new_tokens"] = budget
-    payload = build_generate_payload(sample, sample.tokens, params)
+    images = (sample.multimodal_inputs or {}).get("images")
+    image_data = await image_data_urls(state, images) if images else None
+    payload = build_generate_payload(sample, sample.tokens, params, image_data=image_data)
     span = input.span
     if span.generate_start is None:
         span.generate_start = time.monotonic()

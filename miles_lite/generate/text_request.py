@@ -1,19 +1,22 @@
 """Building ``/generate`` requests from samples and samples from answers (token in, token out).
 
 Public because custom generate functions need them: :func:`prompt_ids`,
+:func:`sample_prompt_ids` (text, chat, given ids or multimodal),
 :func:`build_generate_payload`, :func:`post_generate`, :func:`apply_generate_answer`,
-:func:`check_text_sample`. Token ids and log-probs always come from the engine's
+:func:`append_env_tokens`, :func:`check_text_sample`. Token ids and log-probs always come from the engine's
 ``meta_info.output_token_logprobs``, never from re-tokenized text.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from miles_lite.errors import EngineProtocolError, SampleInvariantError
+from miles_lite.errors import EngineProtocolError, GenerateError
 from miles_lite.generate.text_state import TextState
 from miles_lite.sampling import check_sampling_params
 from miles_lite.spans import UnitSpan
@@ -25,9 +28,11 @@ __all__ = [
     "apply_generate_answer",
     "build_generate_payload",
     "check_text_sample",
+    "image_data_urls",
     "new_rid",
     "post_generate",
     "prompt_ids",
+    "sample_prompt_ids",
     "status_of",
 ]
 
@@ -68,28 +73,96 @@ async def prompt_ids(
     return [int(i) for i in ids]
 
 
+async def sample_prompt_ids(
+    state: TextState, sample: Sample, *, tools: Sequence[Any] | None = None
+) -> list[int]:
+    """The prompt ids of ``sample``, as miles' ``compute_prompt_ids_from_sample``.
+
+    - multimodal (``state.processor`` set and ``sample.multimodal_inputs`` holding
+      ``images``): the text (a chat prompt through the tokenizer's template) and the
+      images go through the processor, which expands the image placeholders; its other
+      outputs (``pixel_values``, ``image_grid_thw``) land in
+      ``sample.multimodal_train_inputs``;
+    - given ids (``sample.tokens`` set before any response): sent as they are;
+    - otherwise :func:`prompt_ids`. Everything runs off the loop.
+    """
+    images = (sample.multimodal_inputs or {}).get("images")
+    if images:
+        if state.processor is None:
+            raise GenerateError(
+                f"sample {sample.index} has images but the TextState has no processor",
+                request_id=sample.request_id,
+            )
+        text = await _prompt_text(state, sample.prompt, tools)
+        ids, train_inputs = await state.off_loop(_process, state.processor, text, list(images))
+        sample.multimodal_train_inputs = train_inputs
+        return ids
+    if sample.tokens and sample.response_length == 0:
+        return [int(i) for i in sample.tokens]
+    return await prompt_ids(state, sample.prompt, tools=tools)
+
+
+async def _prompt_text(state: TextState, prompt: Any, tools: Sequence[Any] | None) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    tokenizer = state.tokenizer
+    text = await state.off_loop(
+        lambda: tokenizer.apply_chat_template(
+            prompt, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
+        )
+    )
+    return str(text)
+
+
+def _process(processor: Any, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
+    out = processor(text=[text], images=images, return_tensors="pt")
+    ids = [int(i) for i in out["input_ids"][0]]
+    train = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+    return ids, train
+
+
+async def image_data_urls(state: TextState, images: Sequence[Any]) -> list[str]:
+    """``image_data`` for a request: strings (URLs, data URLs, paths) as given, PIL images
+    as base64 PNG data URLs (encoded off the loop)."""
+    return [
+        image if isinstance(image, str) else await state.off_loop(_png_data_url, image)
+        for image in images
+    ]
+
+
+def _png_data_url(image: Any) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def build_generate_payload(
     sample: Sample,
     input_ids: Sequence[int],
     sampling_params: Mapping[str, Any],
     *,
     rid: str | None = None,
+    image_data: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The ``/generate`` body: ids in, ids and log-probs out, a fresh fixed-length rid.
 
     ``return_logprob`` without ``logprob_start_len`` (its default, -1, asks for output
     log-probs only and keeps the prefix cache useful); ``sampling_seed`` from the
-    sample's seed unless given. Raises SamplingParamsError on a key SGLang refuses.
+    sample's seed unless given; ``image_data`` (data URLs) for multimodal prompts.
+    Raises SamplingParamsError on a key SGLang refuses.
     """
     params = check_sampling_params(sampling_params)
     if sample.seed is not None:
         params.setdefault("sampling_seed", sample.seed)
-    return {
-        "input_ids": list(input_ids),
+    payload: dict[str, Any] = {
+        "input_ids": [int(i) for i in input_ids],
         "sampling_params": params,
         "rid": rid or new_rid(),
         "return_logprob": True,
     }
+    if image_data:
+        payload["image_data"] = list(image_data)
+    return payload
 
 
 async def post_generate(
@@ -102,19 +175,23 @@ async def post_generate(
     """
     rid = payload["rid"]
     with state.in_flight.track(rid):
-        async with state.router.lease() as url:
-            if span is not None:
-                span.engine = url
-                span.requests += 1
-            answer = await state.router.client.post_json(
-                url, GENERATE_PATH, payload, request_id=rid
-            )
+        answer = await _send(state, payload, rid, span)
     if not isinstance(answer, dict) or not isinstance(answer.get("meta_info"), dict):
         raise EngineProtocolError(
             f"/generate answered {type(answer).__name__}, not one object with meta_info",
             request_id=rid,
         )
     return answer
+
+
+async def _send(state: TextState, payload: dict[str, Any], rid: str, span: UnitSpan | None) -> Any:
+    # The one place a /generate goes out: lease an engine under the router's in-flight
+    # bound; the client retries only what never reached the engine.
+    async with state.router.lease() as url:
+        if span is not None:
+            span.engine = url
+            span.requests += 1
+        return await state.router.client.post_json(url, GENERATE_PATH, payload, request_id=rid)
 
 
 def status_of(answer: Mapping[str, Any]) -> SampleStatus:
@@ -162,12 +239,8 @@ def apply_generate_answer(sample: Sample, answer: Mapping[str, Any]) -> list[int
     sample.metadata["finish_reason"] = finish.get("type")
     if "matched" in finish:
         sample.metadata["matched_stop"] = finish["matched"]
-    sample.metadata["cached_tokens"] = sample.metadata.get("cached_tokens", 0) + int(
-        meta.get("cached_tokens") or 0
-    )
-    sample.metadata["prompt_tokens"] = sample.metadata.get("prompt_tokens", 0) + int(
-        meta.get("prompt_tokens") or 0
-    )
+    sample.prefix_cache_info.cached_tokens += int(meta.get("cached_tokens") or 0)
+    sample.prefix_cache_info.total_prompt_tokens += int(meta.get("prompt_tokens") or 0)
     sample.metadata["received_at"] = time.time()
     return ids
 
@@ -188,18 +261,7 @@ def check_text_sample(sample: Sample) -> None:
 
     Raises :class:`~miles_lite.errors.SampleInvariantError` naming the sample and field.
     """
-    n = sample.response_length
-    problems = []
-    if len(sample.tokens) < n:
-        problems.append(f"tokens has {len(sample.tokens)} entries < response_length {n}")
-    for name in ("loss_mask", "rollout_log_probs"):
-        value = getattr(sample, name)
-        if value is not None and len(value) != n:
-            problems.append(f"{name} has {len(value)} entries, response_length is {n}")
-    if problems:
-        raise SampleInvariantError(
-            f"sample {sample.index}: " + "; ".join(problems), request_id=sample.request_id
-        )
+    sample.validate()
 
 
 def _as_list(values: Any) -> list[float]:
