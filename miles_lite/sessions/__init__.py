@@ -16,16 +16,24 @@ from miles_lite.sessions.server import (
     SessionServerConfig,
     SessionServerStatistics,
 )
+from miles_lite.sessions.template_check import (
+    AppendOnlyReport,
+    TemplateBreak,
+    check_append_only,
+)
 
 __all__ = [
+    "AppendOnlyReport",
     "Assembly",
     "AssemblyMode",
     "Session",
     "SessionServer",
     "SessionServerConfig",
     "SessionServerStatistics",
+    "TemplateBreak",
     "TurnRecord",
     "assemble_samples",
+    "check_append_only",
     "merge_turns",
     "record_from_choice",
     "status_of",
