@@ -8,7 +8,7 @@ as its ``/health`` answers 2xx (an engine restarted after a crash comes back by 
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -182,6 +182,7 @@ class Router:
         self._client = client
         self._config = config if config is not None else RouterConfig()
         self._sticky: OrderedDict[str, _Engine] = OrderedDict()
+        self._queue: deque[anyio.Event] = deque()  # plain leases waiting for a slot
         self._next = 0  # where the round-robin tie-break starts
         self._task_group: TaskGroup | None = None
         self._state = "new"  # -> "running" -> "closed"
@@ -288,7 +289,7 @@ class Router:
             if self.healthy_urls:
                 # Healthy but full: wait for a slot, unbounded (the engines are working).
                 deadline = None
-                await self._changed.wait()
+                await self._wait_for_slot(key)
             else:
                 now = anyio.current_time()
                 if deadline is None:
@@ -304,6 +305,35 @@ class Router:
                         " are running"
                     )
             self._check_running()
+
+    async def _wait_for_slot(self, key: str | None) -> None:
+        """Sleep until a slot may be free for this lease.
+
+        Plain leases queue first in, first out and a freed slot wakes exactly one of them
+        (waking all would make N waiters re-check per release: quadratic at thousands of
+        requests in flight). Sticky leases wait for their own engine and are all woken on
+        any change, as are all waiters when an engine rejoins or the router closes.
+        """
+        if key is not None:
+            await self._changed.wait()
+            return
+        event = anyio.Event()
+        self._queue.append(event)
+        try:
+            await event.wait()
+        except BaseException:
+            if event in self._queue:
+                self._queue.remove(event)
+            elif event.is_set():
+                self._wake_one()  # woken for a slot we will not take: pass it on
+            raise
+
+    def _wake_one(self) -> None:
+        while self._queue:
+            event = self._queue.popleft()
+            if not event.is_set():
+                event.set()
+                return
 
     def _pick(self, key: str | None) -> _Engine | None:
         """The engine for this lease, counted in flight; None if none is free. No await.
@@ -350,7 +380,9 @@ class Router:
 
     def _release(self, engine: _Engine, exc: BaseException | None) -> None:
         engine.in_flight -= 1
-        self._wake_waiters()  # a slot is free
+        self._wake_one()  # a slot is free: one plain lease may take it
+        self._changed.set()  # sticky leases check whether it is their engine's
+        self._changed = anyio.Event()
         if exc is None:
             engine.consecutive_failures = 0
         elif _marks_unhealthy(exc, engine.url):
@@ -364,6 +396,9 @@ class Router:
         if engine.healthy and engine.consecutive_failures >= self._config.failure_threshold:
             engine.healthy = False
             engine.removals += 1
+            # Leases waiting for a slot may now have no healthy engine at all: from then on
+            # their wait is bounded (wait_timeout_s), and they fail together.
+            self._wake_waiters()
 
     def _record_probe(self, engine: _Engine, ok: bool) -> None:
         if not ok:
@@ -393,8 +428,12 @@ class Router:
     # -- helpers -----------------------------------------------------------------------
 
     def _wake_waiters(self) -> None:
+        """Wake every waiting lease (an engine rejoined or left, or the router closed)."""
         self._changed.set()
         self._changed = anyio.Event()
+        queue, self._queue = self._queue, deque()
+        for event in queue:
+            event.set()
 
     def _check_running(self) -> None:
         if self._state == "new":

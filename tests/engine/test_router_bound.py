@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from miles_lite.engine import EngineClient, Router
+from miles_lite.errors import EngineUnavailableError
 from tests.engine.engine_fakes import Reply, ScriptedEngine
 from tests.engine.test_router import QUIET, client, engines, urls_of, wait_until
 
@@ -68,3 +69,38 @@ async def test_when_an_engine_leaves_the_rotation_the_others_keep_their_bound(
             assert sorted(e.in_flight for e in router.stats().engines) == [0, 2, 2]
             release.set()
             await wait_until(lambda: held == 5)
+
+
+async def test_leases_waiting_for_a_slot_fail_together_when_every_engine_leaves(
+    engines: list[ScriptedEngine], client: EngineClient
+) -> None:
+    one = urls_of(engines)[:1]
+    config = dataclasses.replace(BOUND, max_inflight_per_engine=1, wait_timeout_s=0.3)
+    async with Router(one, client, config) as router:
+        await wait_until(lambda: router.stats().health_rounds >= 1)
+        failures: list[float] = []
+
+        async def waiter() -> None:
+            try:
+                async with router.lease():
+                    pass
+            except EngineUnavailableError:
+                failures.append(anyio.current_time())
+
+        release = anyio.Event()
+        async with anyio.create_task_group() as tg:
+
+            async def holder() -> None:
+                with pytest.raises(EngineUnavailableError):
+                    async with router.lease():
+                        await release.wait()
+                        raise EngineUnavailableError("engine went away")
+
+            tg.start_soon(holder)
+            await wait_until(lambda: router.in_flight(one[0]) == 1)
+            for _ in range(5):
+                tg.start_soon(waiter)
+            await anyio.sleep(0.05)
+            release.set()  # the holder fails: the only engine leaves the rotation
+        assert len(failures) == 5
+        assert max(failures) - min(failures) < 0.2  # together, not one wait after another
