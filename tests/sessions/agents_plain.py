@@ -22,3 +22,18 @@ async def failing_agent(
     """One turn, then a bug."""
     await run_agent(base_url, prompt, request_kwargs)
     raise KeyError("the agent's own bug")
+
+
+async def picky_agent(
+    base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict[str, Any]
+) -> Any:
+    """Sends a sampling value the engine refuses when the prompt says 'bad'."""
+    extra = {"top_k": "many"} if "bad" in str(prompt) else {}
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=30) as oa:
+        await oa.chat.completions.create(
+            model="m",
+            messages=prompt,  # type: ignore[arg-type]
+            max_tokens=8,
+            extra_body=extra,
+        )
+    return 1.0

@@ -181,3 +181,13 @@ def test_chat_request_kwargs_use_openai_names() -> None:
 def test_sglang_extras_go_under_extra_body() -> None:
     kwargs = chat_request_kwargs({"top_k": 5, "max_new_tokens": 3, "no_stop_trim": True})
     assert kwargs == {"max_tokens": 3, "extra_body": {"top_k": 5}}
+
+
+async def test_an_engine_error_fails_that_sample_and_the_others_go_on(agentic: Open) -> None:
+    async with agentic(AgentGenerate(agents_plain.picky_agent)) as (rollout, _):
+        result = await rollout.run(["a bad one", "a good one"])
+    bad, good = result.samples
+    assert bad.status is SampleStatus.FAILED and isinstance(bad.error, AgentError)
+    assert "BadRequestError" in str(bad.error) and "top_k" in str(bad.error)
+    assert good.status is SampleStatus.TRUNCATED and good.reward == 1.0  # max_tokens=8
+    assert good.response_length == 8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -295,3 +296,40 @@ def test_config_names_the_bad_field() -> None:
     with pytest.raises(ValueError, match="abort_timeout_s"):
         SessionServerConfig(abort_timeout_s=0)
     assert json.dumps(SessionServerConfig().host) == '"127.0.0.1"'
+
+
+async def test_nothing_is_left_after_the_server_closes(stack: OpenStack, clients: Clients) -> None:
+    before = {t.get_name() for t in asyncio.all_tasks()}
+    async with stack() as s:
+        url = s.server.url
+        session = await s.server.open_session()
+        await tool_agent(clients(session.base_url))
+        await s.server.open_session()  # left open: dropped on close
+    assert s.server.statistics().open_sessions == 0
+    left = {t.get_name() for t in asyncio.all_tasks()} - before
+    assert left == set(), left
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await http.get(f"{url}/v1/models")
+
+
+async def test_closing_a_session_aborts_its_request_in_flight(stack: OpenStack) -> None:
+    slow = TextStandInConfig(policy=TextPolicy(default_length=500), token_latency_s=0.01)
+    async with stack(engine_config=slow, max_new_tokens=500) as s, aiohttp.ClientSession() as http:
+        session = await s.server.open_session()
+        answers: list[Any] = []
+
+        async def ask() -> None:
+            async with http.post(
+                f"{session.base_url}/chat/completions", json={"messages": ADD}
+            ) as r:
+                answers.append(await r.json())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await anyio.sleep(0.3)
+            assert await s.server.close_session(session.id) == []
+        # the engine ended it early with its partial output; nothing was recorded
+        (answer,) = answers
+        assert answer["choices"][0]["finish_reason"] == "abort"
+        assert s.server.statistics().recorded == 0
