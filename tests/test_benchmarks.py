@@ -35,3 +35,39 @@ def test_transport_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> 
     assert all(m["failed_samples"] == 0 and m["gb_delivered"] > 0 for m in modes.values())
     assert modes["json-inline"]["speedup_vs_naive"] == 1.0
     assert "vs naive" in out.stdout and chart.stat().st_size > 10_000
+
+
+def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> None:
+    chart = tmp_path / "text_layer.png"
+    command = [
+        sys.executable,
+        "benchmarks/text_layer.py",
+        "--requests",
+        "64",
+        "--concurrency",
+        "8",
+        "--latency-concurrency",
+        "8",
+        "--chat-sessions",
+        "2",
+        "--chat-turns",
+        "2",
+        "--turn-sweep",
+        "4",
+        "--stop-inflight",
+        "16",
+        "--png",
+        str(chart),
+    ]
+    out = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("{"))
+    modes = {m["mode"]: m for m in json.loads(line)["text_layer"]}
+    assert {"generate@8", "bare@8", "chat@2", "openai-direct@2", "turns@4", "stop@16"} <= set(modes)
+    assert (
+        modes["generate@8"]["served_twice"] == 0 and modes["generate@8"]["throughput_vs_bare"] > 0
+    )
+    assert modes["stop@16"]["running_after"] == 0
+    assert chart.stat().st_size > 10_000

@@ -1,0 +1,513 @@
+"""What the text rollout layer itself costs, side by side with a bare client, in one run.
+
+    python benchmarks/text_layer.py --quick     # under a minute
+    python benchmarks/text_layer.py             # the default workload
+    python benchmarks/text_layer.py --help      # every size, count and latency is a flag
+
+A fast mock engine in its own process (``text_mock.py``: prebuilt answers, so it never caps
+the measurement) answers ``/generate`` and ``/v1/chat/completions``. Modes, each next to its
+baseline in the same run:
+
+- ``generate@C``: ``TextRollout`` single turn, C requests in flight, against a bare aiohttp
+  client sending the same prebuilt requests at the same concurrency (the floor any Python
+  client pays);
+- ``latency@C``: the same over a mock holding each request ``tokens x latency``: the
+  layer's added latency (end to end minus the mock's service time), p50 / p99;
+- ``chat@C``: agent turns with the real ``openai`` client through the session server
+  (TITO records, sample assembly) against the same client talking straight to the engine;
+- ``turns@K``: one session of K turns: time per turn and TITO assembly per turn;
+- ``stop``: an oversampled rollout stopping early with N requests in flight: time from the
+  stop to nothing running at the engine.
+
+Every mode also checks correctness: token ids and log-probs equal the mock's ground
+truth, masks and invariants hold, no rid generated twice. Prints a table, one JSON line,
+and writes a PNG chart. Measured: requests/s, output tokens/s, main-process CPU per 1,000
+requests, event-loop lag (1 ms ticker) p50/p99/max, peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from text_mock import MockProcess, output_ids, output_log_prob
+
+from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
+from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
+from miles_lite.generate import GenerateFnInput, single_turn
+from miles_lite.generate.text_request import check_text_sample
+from miles_lite.generate.text_state import TextState
+from miles_lite.types import Sample, SampleStatus
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Measure:
+    """One mode's figures."""
+
+    mode: str
+    baseline: str
+    requests: int
+    seconds: float
+    output_tokens: int
+    cpu_s: float
+    lags_ms: list[float] = field(default_factory=list)
+    peak_rss_mb: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def lag(self, q: float) -> float:
+        if not self.lags_ms:
+            return 0.0
+        ordered = sorted(self.lags_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "requests_per_s": round(self.rps, 1),
+            "output_tokens_per_s": round(self.tokens_per_s, 1),
+            "cpu_ms_per_1k_requests": round(1e6 * self.cpu_s / max(self.requests, 1), 1),
+            "loop_lag_ms": {
+                "p50": round(self.lag(0.5), 2),
+                "p99": round(self.lag(0.99), 2),
+                "max": round(max(self.lags_ms, default=0.0), 2),
+            },
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
+            **{k: round(v, 4) for k, v in self.extra.items()},
+        }
+
+
+@asynccontextmanager
+async def probe(mode: str, baseline: str) -> AsyncIterator[Measure]:
+    """Measure wall time, main-process CPU, loop lag (1 ms ticker) and peak RSS."""
+    measure = Measure(mode, baseline, 0, 0.0, 0, 0.0)
+    process = psutil.Process()
+    done = anyio.Event()
+
+    async def ticker() -> None:
+        last_rss = time.monotonic()
+        while not done.is_set():
+            t0 = time.perf_counter()
+            await anyio.sleep(0.001)
+            measure.lags_ms.append(max(0.0, (time.perf_counter() - t0 - 0.001) * 1000))
+            if time.monotonic() - last_rss > 0.05:
+                measure.peak_rss_mb = max(measure.peak_rss_mb, process.memory_info().rss / 2**20)
+                last_rss = time.monotonic()
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        try:
+            yield measure
+        finally:
+            measure.seconds = time.perf_counter() - t0
+            measure.cpu_s = time.process_time() - cpu0
+            done.set()
+
+
+def token_groups(n_requests: int, group: int, prompt_tokens: int) -> list[list[Sample]]:
+    """Groups of token-prompt samples (prebuilt: the layer does not tokenize here)."""
+    prompt = [100 + i % 900 for i in range(prompt_tokens)]
+    return [
+        [
+            Sample(
+                index=g * group + j,
+                group_index=g,
+                prompt="",
+                tokens=list(prompt),
+                seed=g * group + j,
+            )
+            for j in range(group)
+        ]
+        for g in range(n_requests // group)
+    ]
+
+
+def check(samples: list[Sample], n: int, prompt_tokens: int) -> int:
+    """Correctness against the mock's ground truth; returns output tokens."""
+    want_ids = output_ids(n)
+    want_lp = [output_log_prob(i) for i in range(n)]
+    for s in samples:
+        check_text_sample(s)
+        out = s.tokens[prompt_tokens:]
+        if out != want_ids or s.rollout_log_probs != want_lp or s.loss_mask != [1] * n:
+            raise AssertionError(f"sample {s.index}: ids or log-probs differ from the mock's")
+    return n * len(samples)
+
+
+async def mock_stats(http: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    async with http.get(f"{url}/_mock/stats") as resp:
+        return dict(await resp.json())
+
+
+async def mock_reset(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.post(f"{url}/_mock/reset") as resp:
+        await resp.read()
+
+
+async def bare_generate(
+    url: str, n_requests: int, concurrency: int, n: int, prompt_tokens: int, mode: str
+) -> tuple[Measure, list[float]]:
+    """The floor: prebuilt /generate bodies posted by one aiohttp session at ``concurrency``."""
+    prompt = [100 + i % 900 for i in range(prompt_tokens)]
+    bodies = [
+        json.dumps(
+            {
+                "input_ids": prompt,
+                "sampling_params": {"max_new_tokens": n},
+                "rid": os.urandom(16).hex(),
+                "return_logprob": True,
+            }
+        ).encode()
+        for _ in range(n_requests)
+    ]
+    latencies: list[float] = []
+    limit = anyio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http, probe(mode, "") as m:
+
+        async def one(body: bytes) -> None:
+            async with limit:
+                t0 = time.perf_counter()
+                async with http.post(
+                    f"{url}/generate", data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
+                    answer = await resp.json()
+                latencies.append(time.perf_counter() - t0)
+                m.output_tokens += len(answer["meta_info"]["output_token_logprobs"])
+                m.requests += 1
+
+        async with anyio.create_task_group() as tg:
+            for body in bodies:
+                tg.start_soon(one, body)
+    return m, latencies
+
+
+async def layer_generate(
+    url: str,
+    n_requests: int,
+    concurrency: int,
+    n: int,
+    prompt_tokens: int,
+    mode: str,
+    tokenizer: Any,
+) -> tuple[Measure, list[float]]:
+    """The same requests through TextRollout (single turn)."""
+    config = TextRolloutConfig(
+        n_samples_per_prompt=4, sampling=TextSamplingParams(max_new_tokens=n)
+    )
+    groups = token_groups(n_requests, 4, prompt_tokens)
+    async with TextRollout.open(
+        [url],
+        tokenizer=tokenizer,
+        config=config,
+        client_config=EngineClientConfig(
+            retry=RetryPolicy(max_attempts=1), max_connections=4096, max_connections_per_host=4096
+        ),
+        router_config=RouterConfig(max_inflight_per_engine=concurrency),
+    ) as rollout:
+        async with probe(mode, "") as m:
+            result = await rollout.run(groups)
+        samples = result.samples
+        m.requests = len(samples)
+        m.output_tokens = check(samples, n, prompt_tokens)
+    latencies = [
+        s.generate_end - s.generate_start
+        for s in result.spans
+        if s.generate_end and s.generate_start
+    ]
+    return m, latencies
+
+
+async def chat_turns(
+    base_url_for: Callable[[], Awaitable[tuple[str, str]]],
+    close: Callable[[str], Awaitable[Any]],
+    sessions: int,
+    turns: int,
+    max_tokens: int,
+    mode: str,
+) -> Measure:
+    """``sessions`` agents at once, each ``turns`` chat turns with the openai client."""
+    import openai
+
+    async with probe(mode, "") as m:
+
+        async def agent() -> None:
+            base_url, key = await base_url_for()
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Solve the task."}]
+            try:
+                for turn in range(turns):
+                    answer = await client.chat.completions.create(
+                        model="default",
+                        messages=messages,
+                        max_tokens=max_tokens,  # type: ignore[arg-type]
+                    )
+                    m.requests += 1
+                    m.output_tokens += answer.usage.completion_tokens if answer.usage else 0
+                    messages.append(
+                        {"role": "assistant", "content": answer.choices[0].message.content}
+                    )
+                    messages.append({"role": "tool", "content": f"result {turn}"})
+            finally:
+                await client.close()
+                await close(key)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(sessions):
+                tg.start_soon(agent)
+    return m
+
+
+async def run_chat(
+    url: str, sessions: int, turns: int, max_tokens: int, tokenizer: Any
+) -> tuple[Measure, Measure, dict[str, float]]:
+    from miles_lite.sessions import SessionServer, assemble_samples
+
+    async def direct() -> tuple[str, str]:
+        return f"{url}/v1", "none"
+
+    async def nothing(key: str) -> None:
+        return None
+
+    bare = await chat_turns(
+        direct, nothing, sessions, turns, max_tokens, f"openai-direct@{sessions}"
+    )
+    assembly_s = 0.0
+    assembled = 0
+    mismatches = 0
+    router_config = RouterConfig(max_inflight_per_engine=max(sessions, 1))
+    async with (
+        EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client,
+        Router([url], client, router_config) as router,
+    ):
+        sampling = TextSamplingParams(max_new_tokens=max_tokens)
+        state = TextState(tokenizer=tokenizer, router=router, sampling=sampling)
+        async with SessionServer(state) as server:
+            ids: dict[str, str] = {}
+
+            async def open_one() -> tuple[str, str]:
+                session = await server.open_session()
+                ids[session.api_key] = session.id
+                return session.base_url, session.api_key
+
+            async def close_one(key: str) -> None:
+                nonlocal assembly_s, assembled, mismatches
+                records = await server.close_session(ids[key])
+                t0 = time.perf_counter()
+                assembly = assemble_samples(records, Sample(prompt=""))
+                assembly_s += time.perf_counter() - t0
+                assembled += len(records)
+                mismatches += assembly.mismatches
+                for sample in assembly.samples:
+                    check_text_sample(sample)
+
+            layer = await chat_turns(
+                open_one, close_one, sessions, turns, max_tokens, f"chat@{sessions}"
+            )
+    extra = {
+        "assembly_ms_per_turn": 1000 * assembly_s / max(assembled, 1),
+        "tito_mismatches": float(mismatches),
+    }
+    return layer, bare, extra
+
+
+async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
+    """Early stop with ``inflight`` requests held at the engine: stop -> nothing running."""
+
+    async def quick_first(input: GenerateFnInput) -> Sample:
+        if input.sample.group_index == 0:
+            input.sampling_params["max_new_tokens"] = 1
+        return await single_turn.generate(input)
+
+    groups = token_groups(inflight + 4, 4, 16)
+    config = TextRolloutConfig(
+        n_samples_per_prompt=4,
+        sampling=TextSamplingParams(max_new_tokens=n),
+        rollout_batch_size=1,
+        over_sampling_batch_size=len(groups),
+    )
+    async with TextRollout.open(
+        [url],
+        tokenizer=tokenizer,
+        config=config,
+        generate=quick_first,
+        client_config=EngineClientConfig(
+            retry=RetryPolicy(max_attempts=1), max_connections=4096, max_connections_per_host=4096
+        ),
+        router_config=RouterConfig(max_inflight_per_engine=inflight + 4),
+    ) as rollout:
+        async with probe(f"stop@{inflight}", "") as m:
+            result = await rollout.run(groups)
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/loads") as resp:
+            loads = await resp.json()
+    aborted = sum(s.status is SampleStatus.ABORTED for g in result.partial for s in g)
+    m.requests = len(result.samples) + aborted
+    m.extra = {
+        "stop_to_idle_s": result.metrics.get("perf/stop_time", -1.0),
+        "aborted_with_partial_output": float(aborted),
+        "running_after": float(loads["loads"][0]["num_running_reqs"]),
+    }
+    return m
+
+
+async def run_all(
+    args: argparse.Namespace, zero_url: str, slow_url: str, slow_chat_url: str
+) -> list[Measure]:
+    from miles_lite.testing import load_qwen3_tokenizer
+
+    tokenizer = await anyio.to_thread.run_sync(load_qwen3_tokenizer)
+    out: list[Measure] = []
+    async with aiohttp.ClientSession() as http:
+        for c in args.concurrency:
+            requests = max(args.requests, c * 2)
+            await mock_reset(http, zero_url)
+            layer, _ = await layer_generate(
+                zero_url,
+                requests,
+                c,
+                args.output_tokens,
+                args.prompt_tokens,
+                f"generate@{c}",
+                tokenizer,
+            )
+            stats = await mock_stats(http, zero_url)
+            layer.extra["served_twice"] = float(stats["served_twice"])
+            bare, _ = await bare_generate(
+                zero_url, requests, c, args.output_tokens, args.prompt_tokens, f"bare@{c}"
+            )
+            layer.baseline = bare.mode
+            layer.extra["throughput_vs_bare"] = layer.rps / bare.rps
+            out += [layer, bare]
+        # Added latency: one wave of C requests held tokens x latency each (no queueing).
+        c = args.latency_concurrency
+        service = args.output_tokens * args.token_latency_ms / 1000
+        layer, lat = await layer_generate(
+            slow_url, c, c, args.output_tokens, args.prompt_tokens, f"latency@{c}", tokenizer
+        )
+        bare, bare_lat = await bare_generate(
+            slow_url, c, c, args.output_tokens, args.prompt_tokens, f"latency-bare@{c}"
+        )
+        for m, values in ((layer, lat), (bare, bare_lat)):
+            added = sorted(1000 * (v - service) for v in values)
+            m.extra["added_latency_p50_ms"] = statistics.median(added)
+            m.extra["added_latency_p99_ms"] = added[min(len(added) - 1, int(0.99 * len(added)))]
+        layer.baseline = bare.mode
+        out += [layer, bare]
+        for sessions in args.chat_sessions:
+            layer, bare, extra = await run_chat(
+                zero_url, sessions, args.chat_turns, args.chat_tokens, tokenizer
+            )
+            layer.extra.update(extra)
+            layer.baseline = bare.mode
+            layer.extra["throughput_vs_openai_direct"] = layer.rps / bare.rps
+            out += [layer, bare]
+        for turns in args.turn_sweep:
+            layer, _, extra = await run_chat(zero_url, 1, turns, args.chat_tokens, tokenizer)
+            layer.mode = f"turns@{turns}"
+            layer.extra.update(extra)
+            layer.extra["ms_per_turn"] = 1000 * layer.seconds / max(layer.requests, 1)
+            out.append(layer)
+        out.append(await run_stop(slow_chat_url, args.stop_inflight, args.stop_tokens, tokenizer))
+    return out
+
+
+def table(results: list[Measure]) -> str:
+    lines = [
+        "| mode | req/s | out tok/s | vs baseline | CPU ms/1k req | lag p50/p99/max ms | peak RSS MB | notes |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
+    ]
+    by_mode = {m.mode: m for m in results}
+    for m in results:
+        base = by_mode.get(m.baseline)
+        ratio = f"{m.rps / base.rps:.2f}x" if base and base.rps else "-"
+        notes = ", ".join(f"{k}={v:.3g}" for k, v in m.extra.items() if "vs" not in k)
+        lines.append(
+            f"| {m.mode} | {m.rps:.0f} | {m.tokens_per_s:.0f} | {ratio} | "
+            f"{1e6 * m.cpu_s / max(m.requests, 1):.0f} | {m.lag(0.5):.2f} / {m.lag(0.99):.2f} / "
+            f"{max(m.lags_ms, default=0):.1f} | {m.peak_rss_mb:.0f} | {notes} |"
+        )
+    return "\n".join(lines)
+
+
+def chart(results: list[Measure], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = [(m, next(b for b in results if b.mode == m.baseline)) for m in results if m.baseline]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    xs = range(len(pairs))
+    ax.bar([x - 0.2 for x in xs], [b.rps for _, b in pairs], width=0.4, label="baseline")
+    ax.bar([x + 0.2 for x in xs], [m.rps for m, _ in pairs], width=0.4, label="miles_lite")
+    ax.set_xticks(list(xs), [m.mode for m, _ in pairs], rotation=20)
+    ax.set_ylabel("requests / s")
+    ax.set_title("text rollout layer vs its baseline (same mock engine, same run)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small run, under a minute")
+    parser.add_argument("--requests", type=int, default=4096)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--token-latency-ms", type=float, default=10.0)
+    parser.add_argument("--latency-concurrency", type=int, default=64)
+    parser.add_argument("--chat-sessions", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--chat-turns", type=int, default=8)
+    parser.add_argument("--chat-tokens", type=int, default=32)
+    parser.add_argument("--turn-sweep", type=int, nargs="+", default=[4, 32, 128])
+    parser.add_argument("--stop-inflight", type=int, default=512)
+    parser.add_argument("--stop-tokens", type=int, default=2000)
+    parser.add_argument("--png", type=Path, default=HERE / "text_layer.png")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests = 512
+        args.concurrency = [1, 64, 512]
+        args.chat_sessions = [1, 16]
+        args.chat_turns = 4
+        args.turn_sweep = [4, 32]
+        args.stop_inflight = 128
+        args.requests_note = "quick"
+    with (
+        MockProcess(0.0, args.chat_tokens) as zero_url,
+        MockProcess(args.token_latency_ms / 1000, args.chat_tokens) as slow_url,
+        MockProcess(args.token_latency_ms / 1000, args.chat_tokens) as stop_url,
+    ):
+        results = run_sync(run_all, args, zero_url, slow_url, stop_url)
+    print(table(results))
+    print(json.dumps({"text_layer": [m.row() for m in results]}))
+    chart(results, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
