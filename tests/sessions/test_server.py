@@ -333,3 +333,14 @@ async def test_closing_a_session_aborts_its_request_in_flight(stack: OpenStack) 
         (answer,) = answers
         assert answer["choices"][0]["finish_reason"] == "abort"
         assert s.server.statistics().recorded == 0
+
+
+async def test_each_session_keeps_one_engine(stack: OpenStack, clients: Clients) -> None:
+    async with stack(engines=2) as s:
+        sessions = [await s.server.open_session() for _ in range(4)]
+        async with anyio.create_task_group() as tg:
+            for session in sessions:
+                tg.start_soon(tool_agent, clients(session.base_url))
+        used = [{r.engine_url for r in await s.server.close_session(x.id)} for x in sessions]
+    assert all(len(urls) == 1 for urls in used)
+    assert set().union(*used) == {e.url for e in s.engines}  # both engines got sessions
