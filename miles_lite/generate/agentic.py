@@ -85,7 +85,8 @@ class AgentAbortResult:
 class AgentGenerate:
     """A generate function running a custom agent per sample (see the module docstring).
 
-    ``run_agent``: an async callable ``(base_url, prompt, request_kwargs)``, or ``None`` to
+    ``run_agent``: a callable ``(base_url, prompt, request_kwargs)`` (async, or sync: then it
+    runs in a worker thread), or ``None`` to
     load it from ``input.options["custom_agent_function_path"]`` (the CLI flag
     ``--custom-agent-function-path``). ``abort_hook``: the agent's optional
     ``abort(ctx)``; by default the ``abort`` attribute of ``run_agent``'s module. ``mode``:
@@ -158,8 +159,8 @@ class AgentGenerate:
         session = await server.open_session()
         returned: Any = None
         try:
-            returned = await run_agent(
-                session.base_url, prompt, chat_request_kwargs(input.sampling_params)
+            returned = await _call(
+                run_agent, session.base_url, prompt, chat_request_kwargs(input.sampling_params)
             )
         except Exception as exc:
             trace = "".join(traceback.format_exception(exc))
@@ -231,9 +232,7 @@ class AgentGenerate:
         error: Exception | None = None
         with anyio.move_on_after(self._abort_timeout_s) as scope:
             try:
-                result = hook(ctx)
-                if inspect.isawaitable(result):
-                    await result
+                await _call(hook, ctx)
             except Exception as exc:  # reported, not fatal: the rollout's work is done
                 error = exc
         if scope.cancelled_caught:
@@ -255,6 +254,19 @@ class AgentGenerate:
         if self._abort_hook is None:
             self._abort_hook = _module_abort(fn)
         return fn
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Await an async callable; run a sync one in a worker thread (it may block on I/O,
+    e.g. a synchronous OpenAI client); a cancelled thread is abandoned."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
+    ):
+        return await fn(*args)
+    result = await anyio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+    if inspect.isawaitable(result):
+        return await result
+    return result
 
 
 def _module_abort(fn: Any) -> Callable[[Any], Any] | None:

@@ -37,3 +37,10 @@ async def picky_agent(
             extra_body=extra,
         )
     return 1.0
+
+
+def sync_agent(base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict[str, Any]) -> Any:
+    """A synchronous agent (a blocking OpenAI client): it runs in a worker thread."""
+    with openai.OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=30) as oa:
+        answer = oa.chat.completions.create(model="m", messages=prompt, **request_kwargs)  # type: ignore[arg-type]
+    return {"metadata": {"finish": answer.choices[0].finish_reason}}

@@ -191,3 +191,13 @@ async def test_an_engine_error_fails_that_sample_and_the_others_go_on(agentic: O
     assert "BadRequestError" in str(bad.error) and "top_k" in str(bad.error)
     assert good.status is SampleStatus.TRUNCATED and good.reward == 1.0  # max_tokens=8
     assert good.response_length == 8
+
+
+async def test_a_sync_agent_runs_in_a_thread_and_a_sync_hook_too(agentic: Open) -> None:
+    calls: list[Any] = []
+    generate = AgentGenerate(agents_plain.sync_agent, abort_hook=calls.append)
+    async with agentic(generate) as (rollout, _):
+        result = await rollout.run(["What is 2+3?"])
+        (sample,) = result.samples
+        assert sample.status is SampleStatus.COMPLETED and sample.metadata["finish"] == "stop"
+        assert (await generate.abort(object())).called and len(calls) == 1
