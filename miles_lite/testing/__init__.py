@@ -3,7 +3,8 @@
 - :class:`TextStandInEngine`: ``/generate`` and the control endpoints over the real Qwen3
   tokenizer (:func:`load_qwen3_tokenizer`), a scripted :class:`TextPolicy`; also
   ``/v1/chat/completions``. :class:`TextEngineProcess` / :class:`TextEngineProcessGroup`
-  run it in child processes.
+  run it in child processes; :class:`TinyModelPolicy` makes it answer with a tiny
+  random-weight Qwen2 model instead of the script.
 - :class:`StandInEngine`: a diffusion engine, an aiohttp server on loopback (``async with``), configured by
   :class:`StandInConfig`, with runtime :class:`Faults` and :class:`EngineStats`.
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
@@ -28,6 +29,7 @@ from miles_lite.testing.text_engine import (
     TextStandInConfig,
     TextStandInEngine,
 )
+from miles_lite.testing.text_model import TinyModelPolicy
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.text_process import TextEngineProcess, TextEngineProcessGroup
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
@@ -54,6 +56,7 @@ __all__ = [
     "TextRule",
     "TextStandInConfig",
     "TextStandInEngine",
+    "TinyModelPolicy",
     "load_qwen3_tokenizer",
     "qwen3_tokenizer_dir",
     "sigma_schedule",

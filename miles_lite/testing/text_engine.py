@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from aiohttp import web
 
 from miles_lite.errors import ClosedResourceError, ConfigError
@@ -54,6 +55,7 @@ from miles_lite.testing.text_chat import (
     chat_response,
     chat_stream_chunks,
 )
+from miles_lite.testing.text_model import TinyModel, TinyModelPolicy
 from miles_lite.testing.text_policy import TextPolicy, fast_decode, token_logprob
 
 __all__ = [
@@ -124,7 +126,7 @@ class TextStandInConfig:
 
     Usage: ``TextStandInConfig(token_latency_s=0.01, policy=TextPolicy(rules=[...]))``.
 
-    ``policy``: what it answers. ``token_latency_s``: time per output token.
+    ``policy``: what it answers (scripted, or :class:`TinyModelPolicy`). ``token_latency_s``: time per output token.
     ``max_running``: batch slots (more requests wait). ``context_length``: prompt plus
     output tokens at most. ``warmup_s``: ``/health``, ``/health_generate``, ``/generate``
     and chat answer 503 for this long after start. ``model_path`` and ``weight_version``:
@@ -132,7 +134,7 @@ class TextStandInConfig:
     rids the statistics keep.
     """
 
-    policy: TextPolicy = field(default_factory=TextPolicy)
+    policy: TextPolicy | TinyModelPolicy = field(default_factory=TextPolicy)
     token_latency_s: float = 0.0
     max_running: int = 64
     context_length: int = 4096
@@ -148,8 +150,11 @@ class TextStandInConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ConfigError(f"TextStandInConfig.{name} must be >= 0, got {value!r}")
-        if not isinstance(self.policy, TextPolicy):
-            raise ConfigError(f"TextStandInConfig.policy must be a TextPolicy, got {self.policy!r}")
+        if not isinstance(self.policy, TextPolicy | TinyModelPolicy):
+            raise ConfigError(
+                "TextStandInConfig.policy must be a TextPolicy or a TinyModelPolicy,"
+                f" got {self.policy!r}"
+            )
         for name in ("max_running", "context_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(
@@ -203,12 +208,14 @@ class TextEngineStatistics:
 class _Call:
     """One prompt generating: its rid, abort flag and the tokens made so far."""
 
-    __slots__ = ("aborted", "out", "progress", "rid")
+    __slots__ = ("aborted", "logprobs", "out", "progress", "rid")
 
     def __init__(self, rid: str, *, streaming: bool = False) -> None:
         self.rid = rid
         self.aborted = anyio.Event()
         self.out: list[int] = []
+        # The model policy's log-probs of ``out`` (the scripted one computes its own).
+        self.logprobs: list[float] = []
         # Set (and replaced) after each token: what a streaming answer waits on. None
         # when nobody streams: an event per token costs more than making the token.
         self.progress = anyio.Event() if streaming else None
@@ -255,6 +262,7 @@ class TextStandInEngine:
         self._unpaused: anyio.Event | None = None
         self._eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._ready_at = 0.0
+        self._model: TinyModel | None = None
 
     @property
     def url(self) -> str:
@@ -288,6 +296,11 @@ class TextStandInEngine:
     async def __aenter__(self) -> TextStandInEngine:
         if self._closed:
             raise ClosedResourceError("this TextStandInEngine was closed; create a new one")
+        policy = self.config.policy
+        if isinstance(policy, TinyModelPolicy) and self._model is None:
+            self._model = await anyio.to_thread.run_sync(
+                policy.build, len(self.tokenizer), self.config.context_length
+            )
         self._slots = anyio.Semaphore(self.config.max_running)
         self._ready_at = time.monotonic() + self.config.warmup_s
         self._unpaused = anyio.Event()
@@ -472,7 +485,9 @@ class TextStandInEngine:
                     self._slots.release()
         finally:
             self._calls.discard(call)
-        return self._answer(prompt, call.out, finish, call.rid, params, body, versions, started)
+        return self._answer(
+            prompt, call.out, finish, call.rid, params, body, versions, started, call.logprobs
+        )
 
     async def _wait_for_slot(self, call: _Call) -> bool:
         """Wait for a batch slot; False (and no slot held) if the call is aborted first."""
@@ -490,9 +505,16 @@ class TextStandInEngine:
         self, prompt: list[int], call: _Call, params: dict[str, Any], versions: list[str]
     ) -> dict[str, Any]:
         """Make ``call.out`` token by token; returns the finish reason."""
-        answer = self.config.policy.answer(
-            self.tokenizer, prompt, params.get("sampling_seed"), call.rid
-        )
+        model, answer = self._model, []
+        state: Any = None
+        if model is not None:
+            state = model.start(prompt, params.get("sampling_seed"), call.rid)
+            temperature = float(params.get("temperature", 1.0))
+        else:
+            assert isinstance(self.config.policy, TextPolicy)
+            answer = self.config.policy.answer(
+                self.tokenizer, prompt, params.get("sampling_seed"), call.rid
+            )
         max_new = params.get("max_new_tokens", _DEFAULT_MAX_NEW_TOKENS)
         max_new = min(max_new, self.config.context_length - len(prompt))
         min_new = params.get("min_new_tokens", 0)
@@ -519,9 +541,18 @@ class TextStandInEngine:
             if call.aborted.is_set():
                 return dict(_ABORT)
             position = len(out)
-            token = answer[position] if position < len(answer) else _FILLER + position % 20000
+            if model is not None:
+                token, logprob = await anyio.to_thread.run_sync(model.step, state, temperature)
+                if call.aborted.is_set():
+                    return dict(_ABORT)
+            else:
+                token = answer[position] if position < len(answer) else _FILLER + position % 20000
             if position < min_new and (token == self._eos or token in stop_ids):
                 token = _FILLER + position  # a model cannot end before min_new_tokens
+                if model is not None:
+                    state["pending"] = [token]
+            if model is not None:
+                call.logprobs.append(logprob)
             out.append(token)
             versions.append(self.weight_version)
             self.stats.generated_tokens += 1
@@ -547,6 +578,7 @@ class TextStandInEngine:
         body: dict[str, Any],
         versions: list[str],
         started: float | None,
+        logprobs: Sequence[float] = (),
         *,
         first_chunk: bool = False,
     ) -> dict[str, Any]:
@@ -575,7 +607,12 @@ class TextStandInEngine:
                 ]
             )
             meta["output_token_logprobs"] = [
-                [token_logprob(i, t), t, self._piece(t, with_text)] for i, t in enumerate(out)
+                [
+                    logprobs[i] if i < len(logprobs) else token_logprob(i, t),
+                    t,
+                    self._piece(t, with_text),
+                ]
+                for i, t in enumerate(out)
             ]
             meta["output_token_logprobs_length"] = len(out)
             top = body.get("top_logprobs_num") or 0
@@ -642,6 +679,7 @@ class TextStandInEngine:
                         body,
                         [],
                         None,
+                        call.logprobs[:sent],
                         first_chunk=first,
                     )
                     await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
