@@ -1,4 +1,17 @@
-"""Agentic rollouts: OpenAI chat through session-scoped URLs, samples from the recorded turns."""
+"""Agentic rollouts: OpenAI chat through session-scoped URLs, samples from the recorded turns.
+
+Usage::
+
+    async with TextRollout.open(urls, tokenizer=tok, generate=AgentGenerate(run_agent)) as r:
+        async with SessionServer(r.state) as server:
+            r.state.sessions = server
+            result = await r.run([[{"role": "user", "content": "Please add 2 and 3."}]])
+
+where ``async def run_agent(base_url, prompt, request_kwargs)`` talks to ``base_url`` with
+any OpenAI client (``openai.AsyncOpenAI(base_url=base_url, api_key="-")``) and may return a
+reward. Each session's turns become one merged sample (or one per turn), with the token ids
+and log-probs the engine returned.
+"""
 
 from miles_lite.sessions.assembly import (
     Assembly,

@@ -206,6 +206,7 @@ class SessionServer:
         app.router.add_get("/sessions/{sid}/v1/models", self._h_models_path)
         app.router.add_post("/v1/chat/completions", self._h_chat_key)
         app.router.add_get("/v1/models", self._h_models_key)
+        app.router.add_route("*", "/{tail:.*}", self._h_unknown)
         # handler_cancellation: a handler whose agent disconnected is cancelled, so its
         # rid is aborted at the engine instead of generating for no one.
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -355,6 +356,16 @@ class SessionServer:
         except _Reply as reply:
             return reply.response
         return self._models()
+
+    async def _h_unknown(self, request: web.Request) -> web.Response:
+        self._counts["not_found"] += 1
+        return _error(
+            404,
+            f"{request.method} {request.path} is not served here; a session serves "
+            "POST .../v1/chat/completions and GET .../v1/models under /sessions/<id> (or /v1 "
+            "with its API key)",
+            "not_found_error",
+        )
 
     def _models(self) -> web.Response:
         model = {

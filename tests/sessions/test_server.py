@@ -193,6 +193,9 @@ async def test_http_routes_and_their_errors(stack: OpenStack) -> None:
                 assert "POST /sessions" in (await resp.json())["error"]["message"]
         async with http.post(f"{url}/v1/chat/completions", json={"messages": ADD}) as resp:
             assert resp.status == 401
+        async with http.post(f"{url}/sessions/{sid}/v1/completions", json={}) as resp:
+            assert resp.status == 404
+            assert "chat/completions" in (await resp.json())["error"]["message"]
         stats = s.server.statistics()
         assert (stats.bad_requests, stats.too_large, stats.recorded) == (2, 1, 1)
         assert stats.open_sessions == 0
