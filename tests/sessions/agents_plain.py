@@ -44,3 +44,16 @@ def sync_agent(base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict
     with openai.OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=30) as oa:
         answer = oa.chat.completions.create(model="m", messages=prompt, **request_kwargs)  # type: ignore[arg-type]
     return {"metadata": {"finish": answer.choices[0].finish_reason}}
+
+
+async def two_user_turns(
+    base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict[str, Any]
+) -> Any:
+    """Ask, then ask again: the Qwen3 template drops the first answer's <think> block."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=30) as oa:
+        messages = list(prompt)
+        first = await oa.chat.completions.create(model="m", messages=messages, **request_kwargs)  # type: ignore[arg-type]
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "user", "content": "And now?"})
+        await oa.chat.completions.create(model="m", messages=messages, **request_kwargs)  # type: ignore[arg-type]
+    return 1.0

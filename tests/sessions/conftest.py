@@ -45,6 +45,7 @@ RULES = (
     ),
     TextRule(r"Think first", "<think>\nLet me add.\n</think>\n\nIt is 5."),
     TextRule(r"And now\?", "Still 5."),
+    TextRule(r"Say hi", "Hi there."),
 )
 
 

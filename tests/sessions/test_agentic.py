@@ -201,3 +201,14 @@ async def test_a_sync_agent_runs_in_a_thread_and_a_sync_hook_too(agentic: Open) 
         (sample,) = result.samples
         assert sample.status is SampleStatus.COMPLETED and sample.metadata["finish"] == "stop"
         assert (await generate.abort(object())).called and len(calls) == 1
+
+
+async def test_a_dropped_think_block_splits_the_trajectory_and_is_counted(agentic: Open) -> None:
+    async with agentic(AgentGenerate(agents_plain.two_user_turns)) as (rollout, _):
+        result = await rollout.run(["Think first", "Say hi"])
+    thinking = [s for s in result.samples if s.prompt == "Think first"]
+    plain = [s for s in result.samples if s.prompt == "Say hi"]
+    assert len(thinking) == 2 and all(s.metadata["tito_session_mismatch"] == 1 for s in thinking)
+    assert len(plain) == 1 and plain[0].metadata["tito_session_mismatch"] == 0
+    assert all(s.status is SampleStatus.COMPLETED and s.reward == 1.0 for s in result.samples)
+    assert result.metrics["rollout/tito_session_mismatch_rate"] == pytest.approx(2 / 3)
