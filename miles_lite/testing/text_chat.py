@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from miles_lite.testing.text_policy import fast_decode
 
 __all__ = [
@@ -182,8 +185,13 @@ class TemplateCache:
         self.hits = 0
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
 
-    def prompt_ids(self, body: dict[str, Any]) -> list[int]:
-        """The templated prompt of a chat body (its ``input_ids`` when it gives them)."""
+    async def prompt_ids(self, body: dict[str, Any], limiter: Any = None) -> list[int]:
+        """The templated prompt of a chat body (its ``input_ids`` when it gives them).
+
+        A render that is not cached runs in a worker thread (``limiter``, an anyio
+        CapacityLimiter, bounds them): a long conversation takes longer to render and
+        encode than an event-loop step may.
+        """
         ids = body.get("input_ids")
         if ids is not None:
             if not isinstance(ids, list) or not all(
@@ -202,21 +210,23 @@ class TemplateCache:
             self._cache.move_to_end(key)
             self.hits += 1
             return cached
-        try:
-            text = self.tokenizer.apply_chat_template(
-                _normalized(body["messages"]),
-                tools=body.get("tools") or None,
-                add_generation_prompt=True,
-                tokenize=False,
-                **kwargs,
-            )
-        except Exception as exc:  # jinja errors, a message without a role, ...
-            raise ChatBadRequest(f"cannot apply the chat template: {exc}") from exc
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        self._cache[key] = ids
+        messages = _normalized(body["messages"])
+        rendered: list[int] = await anyio.to_thread.run_sync(
+            self._render, messages, body.get("tools") or None, kwargs, limiter=limiter
+        )
+        self._cache[key] = rendered
         if len(self._cache) > self.size:
             self._cache.popitem(last=False)
-        return ids
+        return rendered
+
+    def _render(self, messages: list[Any], tools: Any, kwargs: dict[str, Any]) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+            )
+        except Exception as exc:  # jinja errors, a bad message, ...
+            raise ChatBadRequest(f"cannot apply the chat template: {exc}") from exc
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
 def _normalized(messages: list[Any]) -> list[Any]:

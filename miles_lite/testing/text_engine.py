@@ -117,6 +117,8 @@ _ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type"
 _FILLER = 1000
 #: Tokens decoded to look for a stop string: longer than any stop string a test uses.
 _STOP_WINDOW = 32
+#: Text longer than this is tokenized in a worker thread (about 1 ms of work inline).
+_INLINE_CHARS = 8192
 _LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
 
@@ -245,24 +247,30 @@ class TextStandInEngine:
     """
 
     def __init__(self, config: TextStandInConfig | None = None, tokenizer: Any = None) -> None:
-        if tokenizer is None:
-            from miles_lite.testing.tokenizers import load_qwen3_tokenizer
-
-            tokenizer = load_qwen3_tokenizer()
         self.config = config if config is not None else TextStandInConfig()
-        self.tokenizer = tokenizer
+        # None: the Qwen3 tokenizer, loaded on start (in a worker thread: it reads files).
+        self.tokenizer: Any = None
         self.stats = TextEngineStats()
         self.weight_version = self.config.weight_version
-        self.templates = TemplateCache(tokenizer)
+        self.templates = TemplateCache(None)
+        # Tokenizer work too long for a loop step runs in threads, one at a time.
+        self._tokenizing = anyio.CapacityLimiter(1)
         self._calls: set[_Call] = set()
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
         self._closed = False
         self._slots: anyio.Semaphore | None = None
         self._unpaused: anyio.Event | None = None
-        self._eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._eos = -1
         self._ready_at = 0.0
+        if tokenizer is not None:
+            self._use_tokenizer(tokenizer)
         self._model: TinyModel | None = None
+
+    def _use_tokenizer(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.templates.tokenizer = tokenizer
+        self._eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     @property
     def url(self) -> str:
@@ -296,6 +304,10 @@ class TextStandInEngine:
     async def __aenter__(self) -> TextStandInEngine:
         if self._closed:
             raise ClosedResourceError("this TextStandInEngine was closed; create a new one")
+        if self.tokenizer is None:
+            from miles_lite.testing.tokenizers import load_qwen3_tokenizer
+
+            self._use_tokenizer(await anyio.to_thread.run_sync(load_qwen3_tokenizer))
         policy = self.config.policy
         if isinstance(policy, TinyModelPolicy) and self._model is None:
             self._model = await anyio.to_thread.run_sync(
@@ -389,7 +401,7 @@ class TextStandInEngine:
                     )
                 )
             self._log(body)
-            prompts, single = self._prompts(body)
+            prompts, single = await self._prompts(body)
             params = _check_sampling(body.get("sampling_params") or {})
             _check_generate_options(body)
         except _BadRequest as bad:
@@ -426,11 +438,20 @@ class TextStandInEngine:
                 tg.start_soon(run, i, prompt, call)
         return answers
 
+    async def _encode(self, text: str) -> list[int]:
+        if len(text) <= _INLINE_CHARS:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = await anyio.to_thread.run_sync(
+            lambda: self.tokenizer.encode(text, add_special_tokens=False),
+            limiter=self._tokenizing,
+        )
+        return list(ids)
+
     def _log(self, body: Any) -> None:
         if len(self.stats.requests) < self.config.request_log_limit:
             self.stats.requests.append(body)
 
-    def _prompts(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+    async def _prompts(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
         ids = body.get("input_ids")
         text = body.get("text")
         if ids is not None:
@@ -446,9 +467,9 @@ class TextStandInEngine:
                 _error_payload("input_ids must be a non-empty list of ints or of such lists")
             )
         if isinstance(text, str):
-            return [self.tokenizer.encode(text, add_special_tokens=False)], True
+            return [await self._encode(text)], True
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return [self.tokenizer.encode(t, add_special_tokens=False) for t in text], False
+            return [await self._encode(t) for t in text], False
         raise _BadRequest(_error_payload("Either text or input_ids should be provided."))
 
     async def _run(
@@ -705,7 +726,7 @@ class TextStandInEngine:
             options = chat_options(body)
             self._log(body)
             self.stats.chat_requests += 1
-            prompt = self.templates.prompt_ids(body)
+            prompt = await self.templates.prompt_ids(body, self._tokenizing)
             params = _check_sampling(options.sampling_params)
         except ChatBadRequest as bad:
             return web.json_response(bad.payload, status=400)

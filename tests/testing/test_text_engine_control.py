@@ -346,3 +346,22 @@ async def test_warm_up_answers_503_and_weights_from_disk_set_the_version(
         assert status == 400
     with pytest.raises(ConfigError, match="warmup_s"):
         TextStandInConfig(warmup_s=-1)
+
+
+async def test_long_prompts_and_the_tokenizer_load_stay_off_the_loop(
+    http: aiohttp.ClientSession,
+) -> None:
+    # The autouse loop-block fixture fails this test if any of it blocks the loop.
+    long_text = "The quick brown fox jumps over the lazy dog. " * 6000
+    config = TextStandInConfig(context_length=200_000)
+    async with TextStandInEngine(config) as engine:  # loads the tokenizer itself
+        url = engine.url
+        status, answer = await post(
+            http, f"{url}/generate", {"text": long_text, "sampling_params": {"max_new_tokens": 2}}
+        )
+        assert status == 200 and answer["meta_info"]["prompt_tokens"] > 50_000
+        messages = [{"role": "user", "content": long_text}]
+        status, chat = await post(
+            http, f"{url}/v1/chat/completions", {"messages": messages, "max_tokens": 2}
+        )
+        assert status == 200 and chat["usage"]["prompt_tokens"] > 50_000
