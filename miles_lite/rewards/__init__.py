@@ -21,6 +21,8 @@ from miles_lite.rewards.functions import (
     response_length_reward,
 )
 from miles_lite.rewards.text_rewards import (
+    TEXT_REWARDS,
+    dapo_reward,
     extract_boxed,
     f1_reward,
     f1_score,
@@ -37,7 +39,9 @@ __all__ = [
     "ApiScorerStatistics",
     "ClipReward",
     "ConstantReward",
+    "TEXT_REWARDS",
     "constant_reward",
+    "dapo_reward",
     "decode_scores",
     "encode_samples",
     "extract_boxed",
