@@ -35,11 +35,11 @@ from miles_lite.rewards.tiny_clip import tiny_clip
 __all__ = [
     "CLIP_MEAN",
     "CLIP_STD",
+    "TEXT_REWARDS",
     "ApiScorer",
     "ApiScorerStatistics",
     "ClipReward",
     "ConstantReward",
-    "TEXT_REWARDS",
     "constant_reward",
     "dapo_reward",
     "decode_scores",

@@ -113,7 +113,7 @@ def _dapo_prediction(text: str) -> str | None:
     # DAPO's prompt asks for a last line "Answer: ..."; a boxed answer also counts.
     found = re.findall(r"Answer\s*:\s*([^\n]+)", text[-300:])
     if found:
-        return found[-1].strip()
+        return str(found[-1]).strip()
     return extract_boxed(text)
 
 
