@@ -404,6 +404,8 @@ class TextStandInEngine:
             prompts, single = await self._prompts(body)
             params = _check_sampling(body.get("sampling_params") or {})
             _check_generate_options(body)
+            for prompt in prompts:
+                self._check_length(len(prompt), params)
         except _BadRequest as bad:
             return web.json_response(bad.payload, status=400)
         n = params.get("n", 1)
@@ -437,6 +439,28 @@ class TextStandInEngine:
             for i, (prompt, call) in enumerate(calls):
                 tg.start_soon(run, i, prompt, call)
         return answers
+
+    def _check_length(self, prompt_tokens: int, params: dict[str, Any]) -> None:
+        """SGLang's own checks and words (``TokenizerManager``): the prompt, and the prompt
+        plus ``max_new_tokens`` when given, must stay below the context length."""
+        context = self.config.context_length
+        max_new = params.get("max_new_tokens")
+        if prompt_tokens >= context:
+            message = (
+                f"The input ({prompt_tokens} tokens) is longer than the model's context"
+                f" length ({context} tokens)."
+            )
+        elif max_new is not None and prompt_tokens + max_new >= context:
+            message = (
+                "Requested token count exceeds the model's maximum context length of"
+                f" {context} tokens. You requested a total of {prompt_tokens + max_new}"
+                f" tokens: {prompt_tokens} tokens from the input messages and {max_new}"
+                " tokens for the completion. Please reduce the number of tokens in the"
+                " input messages or the completion to fit within the limit."
+            )
+        else:
+            return
+        raise _BadRequest({"error": {"message": message}})
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= _INLINE_CHARS:
@@ -728,6 +752,7 @@ class TextStandInEngine:
             self.stats.chat_requests += 1
             prompt = await self.templates.prompt_ids(body, self._tokenizing)
             params = _check_sampling(options.sampling_params)
+            self._check_length(len(prompt), params)
         except ChatBadRequest as bad:
             return web.json_response(bad.payload, status=400)
         except _BadRequest as bad:
@@ -925,7 +950,7 @@ class TextStandInEngine:
     async def _flush_cache(self, request: web.Request) -> web.Response:
         return web.Response(
             text="Cache flushed.\nPlease check backend logs for more details. (When there are"
-            " running or waiting requests, the operation will not be performed.)"
+            " running or waiting requests, the operation will not be performed.)\n"
         )
 
     async def _stats(self, request: web.Request) -> web.Response:
@@ -990,6 +1015,8 @@ def _check_generate_options(body: dict[str, Any]) -> None:
 
 def _chat_error(bad: _BadRequest) -> dict[str, Any]:
     message = bad.payload.get("error") or bad.payload.get("message")
+    if isinstance(message, dict):
+        message = message.get("message")
     return ChatBadRequest(str(message)).payload
 
 

@@ -55,9 +55,7 @@ async def test_control_endpoints_answer_as_the_captures(
         assert server["version"] == "0.5.23" and server["max_running_requests"] == 64
         async with http.post(f"{url}/flush_cache") as resp:
             flushed = await resp.text()
-        assert flushed == (captures / "flush_cache.txt").read_text().rsplit("[200]", 1)[0].rstrip(
-            "\n"
-        )
+        assert flushed == (captures / "flush_cache.txt").read_text().rsplit("[200]", 1)[0]
         status, paused = await post(http, f"{url}/pause_generation", {"mode": "in_place"})
         assert status == 200 and paused == capture_text(captures, "pause.txt")
         assert engine.statistics().paused
@@ -365,3 +363,40 @@ async def test_long_prompts_and_the_tokenizer_load_stay_off_the_loop(
             http, f"{url}/v1/chat/completions", {"messages": messages, "max_tokens": 2}
         )
         assert status == 200 and chat["usage"]["prompt_tokens"] > 50_000
+
+
+async def test_prompts_past_the_context_are_refused_in_sglangs_words(
+    tokenizer: Any, http: aiohttp.ClientSession
+) -> None:
+    async with TextStandInEngine(TextStandInConfig(context_length=10), tokenizer) as engine:
+        url = engine.url
+        status, answer = await post(http, f"{url}/generate", {"input_ids": list(range(1, 11))})
+        assert status == 400
+        assert answer == {
+            "error": {
+                "message": "The input (10 tokens) is longer than the model's context length"
+                " (10 tokens)."
+            }
+        }
+        status, answer = await post(
+            http,
+            f"{url}/generate",
+            {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 6}},
+        )
+        assert status == 400
+        assert answer["error"]["message"].startswith(
+            "Requested token count exceeds the model's maximum context length of 10 tokens."
+            " You requested a total of 10 tokens: 4 tokens from the input messages and 6"
+            " tokens for the completion."
+        )
+        status, fits = await post(
+            http,
+            f"{url}/generate",
+            {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 5}},
+        )
+        assert status == 200 and fits["meta_info"]["completion_tokens"] <= 5
+        status, chat = await post(
+            http, f"{url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert status == 400 and chat["object"] == "error"
+        assert "context length (10 tokens)" in chat["message"]
