@@ -1,0 +1,407 @@
+"""Start and stop a real SGLang server on this CPU, for the conformance tier and by hand.
+
+``scripts/sglang-cpu/setup.sh`` builds the server's own virtual environment (SGLang
+0.5.23 on CPU torch, two shims, a tiny random-weight Qwen2 model with the real Qwen3
+tokenizer). :class:`SGLangServer` launches ``sglang.launch_server`` from that venv on a
+free loopback port, waits for ``/health``, and stops the server and every process it
+spawned (scheduler, detokenizer) on exit, also when the caller fails or is interrupted.
+
+By hand::
+
+    python -m miles_lite.testing.sglang_server [--venv .sglang-venv] [--port 30000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+import psutil
+
+from miles_lite.errors import (
+    ClosedResourceError,
+    ConfigError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["SGLangServer", "SGLangServerConfig", "default_sglang_venv"]
+
+#: Pause between two ``/health`` probes while the server starts, in seconds.
+_POLL_S = 0.5
+#: Lines of the server log quoted in a start error.
+_TAIL_LINES = 40
+#: The model folder setup.sh builds inside the venv.
+_MODEL_DIR = "tiny-qwen2"
+
+
+def default_sglang_venv() -> Path:
+    """The venv setup.sh builds by default: ``$MILES_LITE_SGLANG_VENV`` or ``.sglang-venv``.
+
+    ``.sglang-venv`` is looked up in the repository this module was imported from.
+    """
+    env = os.environ.get("MILES_LITE_SGLANG_VENV")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / ".sglang-venv"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangServerConfig:
+    """How to launch the CPU SGLang server (the flags of WIRE.md section 6).
+
+    ``venv``: the venv setup.sh built. ``model_path``: default ``venv/tiny-qwen2``.
+    ``port``: 0 picks a free loopback port. ``start_timeout_s``: how long to wait for
+    ``/health`` (startup takes 25-40 s on 2 cores). ``stop_timeout_s``: how long SIGTERM
+    gets before SIGKILL. ``max_running_requests``/``max_total_tokens``: SGLang's limits
+    (small, for a 2-core machine). ``extra_args``: more ``launch_server`` flags.
+    """
+
+    venv: Path = field(default_factory=default_sglang_venv)
+    model_path: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    start_timeout_s: float = 240.0
+    stop_timeout_s: float = 10.0
+    max_running_requests: int = 8
+    max_total_tokens: int = 4096
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.venv, Path):
+            raise ConfigError(f"SGLangServerConfig.venv must be a Path, got {self.venv!r}")
+        if self.model_path is not None and not isinstance(self.model_path, Path):
+            raise ConfigError(
+                f"SGLangServerConfig.model_path must be a Path or None, got {self.model_path!r}"
+            )
+        if (
+            not isinstance(self.port, int)
+            or isinstance(self.port, bool)
+            or not (0 <= self.port <= 65535)
+        ):
+            raise ConfigError(f"SGLangServerConfig.port must be in [0, 65535], got {self.port!r}")
+        for name in ("start_timeout_s", "stop_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"SGLangServerConfig.{name} must be > 0, got {value!r}")
+        for name in ("max_running_requests", "max_total_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"SGLangServerConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.extra_args, tuple) or not all(
+            isinstance(a, str) for a in self.extra_args
+        ):
+            raise ConfigError(
+                f"SGLangServerConfig.extra_args must be a tuple of str, got {self.extra_args!r}"
+            )
+
+    @property
+    def python(self) -> Path:
+        """The venv's interpreter."""
+        return self.venv / "bin" / "python"
+
+    @property
+    def model(self) -> Path:
+        """The model folder the server loads."""
+        return self.model_path if self.model_path is not None else self.venv / _MODEL_DIR
+
+
+class SGLangServer:
+    """A real SGLang server in its own process group.
+
+    Usage (sync or async)::
+
+        with SGLangServer() as server:
+            ...  # POST f"{server.url}/generate"
+
+    ``start()`` raises :class:`~miles_lite.errors.EngineUnavailableError` when the venv or
+    model is missing (naming setup.sh) or the server exits while starting, and
+    :class:`~miles_lite.errors.EngineTimeoutError` when ``/health`` does not answer 200
+    within ``start_timeout_s``; both quote the tail of the server log. ``stop()`` sends
+    SIGTERM to the whole process tree, waits ``stop_timeout_s``, then kills what is left;
+    it is idempotent, and runs at interpreter exit if nobody called it. A stopped server
+    cannot be restarted (:class:`~miles_lite.errors.ClosedResourceError`).
+    """
+
+    def __init__(self, config: SGLangServerConfig | None = None) -> None:
+        self._config = config if config is not None else SGLangServerConfig()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._port: int | None = None
+        self._log_path: Path | None = None
+        self._stopped = False
+        self._finalizer: weakref.finalize[..., SGLangServer] | None = None
+
+    @property
+    def config(self) -> SGLangServerConfig:
+        return self._config
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``; raises ClosedResourceError before start() or after stop()."""
+        if self._port is None or self._stopped:
+            raise ClosedResourceError("SGLangServer is not running")
+        return f"http://{self._config.host}:{self._port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def log_path(self) -> Path | None:
+        """Where the server's stdout and stderr go."""
+        return self._log_path
+
+    def log_tail(self, lines: int = _TAIL_LINES) -> str:
+        """The last ``lines`` lines of the server log ('' when there is none)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with self._log_path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+        return "\n".join(data.splitlines()[-lines:])
+
+    def command(self, port: int) -> list[str]:
+        """The ``launch_server`` command line for ``port``."""
+        c = self._config
+        return [
+            str(c.python),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(c.model),
+            "--device",
+            "cpu",
+            "--host",
+            c.host,
+            "--port",
+            str(port),
+            "--attention-backend",
+            "torch_native",
+            "--cuda-graph-backend-decode",
+            "disabled",
+            "--cuda-graph-backend-prefill",
+            "disabled",
+            "--grammar-backend",
+            "none",
+            "--max-total-tokens",
+            str(c.max_total_tokens),
+            "--max-running-requests",
+            str(c.max_running_requests),
+            "--mem-fraction-static",
+            "0.05",
+            "--dtype",
+            "float32",
+            *c.extra_args,
+        ]
+
+    def start(self) -> None:
+        """Launch the server and block until ``/health`` answers 200."""
+        if self._stopped:
+            raise ClosedResourceError("SGLangServer was stopped; make a new one")
+        if self._proc is not None:
+            return
+        c = self._config
+        if not c.python.exists():
+            raise EngineUnavailableError(
+                f"no SGLang venv at {c.venv}: run scripts/sglang-cpu/setup.sh {c.venv}"
+            )
+        if not (c.model / "config.json").exists():
+            raise EngineUnavailableError(
+                f"no model at {c.model}: run scripts/sglang-cpu/setup.sh {c.venv}"
+            )
+        port = c.port or _free_port(c.host)
+        fd, name = tempfile.mkstemp(prefix=f"sglang-{port}-", suffix=".log")
+        self._log_path = Path(name)
+        env = dict(os.environ)
+        env.update(
+            SGLANG_USE_CPU_ENGINE="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            PYTHONUNBUFFERED="1",
+            # Two cores are shared with the tests: a torch that spawns a thread per core
+            # per process only contends with itself.
+            OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        )
+        # The server must not import this repo's packages or the caller's venv.
+        env.pop("PYTHONPATH", None)
+        env.pop("VIRTUAL_ENV", None)
+        with os.fdopen(fd, "wb") as log:
+            self._proc = subprocess.Popen(
+                self.command(port),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                # Its own process group: stop() signals the server and its children at once.
+                start_new_session=True,
+            )
+        self._port = port
+        self._finalizer = weakref.finalize(self, _kill_tree, self._proc.pid, 0.0)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self._config.start_timeout_s
+        url = f"http://{self._config.host}:{self._port}/health"
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise EngineUnavailableError(
+                    f"SGLang server exited with code {code} while starting; log tail:\n"
+                    f"{self.log_tail()}",
+                    url=url,
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=5.0) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() >= deadline:
+                raise EngineTimeoutError(
+                    f"SGLang server did not answer /health within "
+                    f"{self._config.start_timeout_s} s; log tail:\n{self.log_tail()}",
+                    url=url,
+                )
+            time.sleep(_POLL_S)
+
+    def stop(self) -> None:
+        """Stop the server and all its child processes; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._proc is not None:
+            _kill_tree(self._proc.pid, self._config.stop_timeout_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=1.0)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await anyio.to_thread.run_sync(self.start)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.stop)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.stop)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _kill_tree(pid: int, timeout_s: float) -> None:
+    """SIGTERM ``pid``, its process group and every descendant; SIGKILL what outlives it.
+
+    Descendants are collected before signalling: SGLang's scheduler and detokenizer are
+    multiprocessing children that would be re-parented (and lost) once the parent exits.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s) if timeout_s > 0 else ([], procs)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m miles_lite.testing.sglang_server",
+        description="Run the CPU SGLang server built by scripts/sglang-cpu/setup.sh until Ctrl-C.",
+    )
+    parser.add_argument("--venv", type=Path, default=default_sglang_venv())
+    parser.add_argument("--model-path", type=Path, default=None)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--start-timeout", type=float, default=240.0)
+    args = parser.parse_args(argv)
+    config = SGLangServerConfig(
+        venv=args.venv,
+        model_path=args.model_path,
+        port=args.port,
+        start_timeout_s=args.start_timeout,
+    )
+    server = SGLangServer(config)
+    t0 = time.monotonic()
+    try:
+        with server:
+            print(
+                f"SGLang ready at {server.url} in {time.monotonic() - t0:.1f} s "
+                f"(log: {server.log_path}); Ctrl-C stops it",
+                flush=True,
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
+    except (EngineUnavailableError, EngineTimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

