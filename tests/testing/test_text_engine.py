@@ -161,7 +161,9 @@ async def test_abort_by_rid_prefix_returns_partial_output_and_loads_go_idle(
         async with anyio.create_task_group() as tg:
             tg.start_soon(generate, "job10")
             tg.start_soon(generate, "other")
-            await wait_until(lambda: engine.stats.running == 2)
+            await wait_until(
+                lambda: engine.stats.running == 2 and engine.stats.generated_tokens >= 4
+            )
             _, loads = await post_get(http, f"{engine.url}/v1/loads")
             assert loads["loads"][0]["num_running_reqs"] == 2
             await anyio.sleep(0.05)

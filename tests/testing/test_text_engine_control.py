@@ -238,7 +238,7 @@ async def test_weight_version_spans_and_abort_all_requests(
         answers: list[Any] = []
 
         async def generate() -> None:
-            body = {"text": "x", "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}}
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
             answers.append((await post(http, f"{url}/generate", body))[1])
 
         async with anyio.create_task_group() as tg:
@@ -247,7 +247,7 @@ async def test_weight_version_spans_and_abort_all_requests(
             await post(http, f"{url}/update_weight_version", {"new_version": "v2"})
         spans = answers[0]["meta_info"]["weight_versions"]
         assert [s["version"] for s in spans] == ["default", "v2"]
-        assert spans[0]["start"] == 0 and spans[-1]["end"] == 12
+        assert spans[0]["start"] == 0 and spans[-1]["end"] == 40
         assert spans[0]["end"] == spans[1]["start"]
         answers.clear()
         async with anyio.create_task_group() as tg:
