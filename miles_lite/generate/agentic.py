@@ -163,7 +163,8 @@ class AgentGenerate:
                 run_agent, session.base_url, prompt, chat_request_kwargs(input.sampling_params)
             )
         except Exception as exc:
-            trace = "".join(traceback.format_exception(exc))
+            # Formatting reads the source files of every frame: off the loop.
+            trace = await anyio.to_thread.run_sync(_format_traceback, exc)
             sample.fail(
                 AgentError(
                     f"agent {_name(run_agent)} raised {type(exc).__name__}: {exc}\n{trace}",
@@ -267,6 +268,10 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def _format_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
 
 
 def _module_abort(fn: Any) -> Callable[[Any], Any] | None:

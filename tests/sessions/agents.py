@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import openai
-
+from .agents_plain import chat_client
 from .conftest import TOOLS
 
 ABORT_CALLS: list[Any] = []
@@ -19,7 +18,7 @@ async def run_agent(
     base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict[str, Any]
 ) -> Any:
     """Chat until the model stops calling the ``add`` tool; reward 1.0 for a boxed 5."""
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=30) as oa:
+    async with chat_client(base_url) as oa:
         messages = list(prompt)
         for _ in range(4):
             answer = await oa.chat.completions.create(

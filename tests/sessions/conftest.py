@@ -22,6 +22,8 @@ from miles_lite.testing import (
     load_qwen3_tokenizer,
 )
 
+from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
+
 TOOLS = [
     {
         "type": "function",
@@ -46,6 +48,7 @@ RULES = (
     TextRule(r"Think first", "<think>\nLet me add.\n</think>\n\nIt is 5."),
     TextRule(r"And now\?", "Still 5."),
     TextRule(r"Say hi", "Hi there."),
+    TextRule(r"Box it", "It is \\boxed{5}."),
 )
 
 
@@ -113,7 +116,13 @@ async def clients() -> AsyncIterator[Clients]:
     made: list[openai.AsyncOpenAI] = []
 
     def make(base_url: str, api_key: str = "unused") -> openai.AsyncOpenAI:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=30)
+        client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=30,
+            http_client=openai.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
+        )
         made.append(client)
         return client
 

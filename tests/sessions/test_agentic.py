@@ -36,6 +36,7 @@ def agentic(tokenizer: Any) -> Open:
         generate: AgentGenerate,
         *,
         engine_config: TextStandInConfig | None = None,
+        rewards: dict[str, Any] | None = None,
         **config: Any,
     ) -> AsyncIterator[tuple[TextRollout, TextStandInEngine]]:
         engine_config = engine_config or TextStandInConfig(policy=TextPolicy(rules=RULES))
@@ -49,6 +50,7 @@ def agentic(tokenizer: Any) -> Open:
                 config=TextRolloutConfig(**config),
                 client_config=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
                 generate=generate,
+                rewards=rewards,
             ) as rollout,
             SessionServer(rollout.state) as server,
         ):
@@ -212,3 +214,16 @@ async def test_a_dropped_think_block_splits_the_trajectory_and_is_counted(agenti
     assert len(plain) == 1 and plain[0].metadata["tito_session_mismatch"] == 0
     assert all(s.status is SampleStatus.COMPLETED and s.reward == 1.0 for s in result.samples)
     assert result.metrics["rollout/tito_session_mismatch_rate"] == pytest.approx(2 / 3)
+
+
+async def test_without_an_agent_reward_the_reward_pool_scores_the_samples(agentic: Open) -> None:
+    from miles_lite.pipeline import PromptGroup
+    from miles_lite.rewards import math_reward
+
+    generate = AgentGenerate(agents_plain.run_agent)
+    async with agentic(generate, reward="math", rewards={"math": math_reward}) as (rollout, _):
+        result = await rollout.run(
+            [PromptGroup(prompt="Box it", label="5"), PromptGroup(prompt="Box it", label="6")]
+        )
+    assert [s.reward for s in result.samples] == [1.0, 0.0]
+    assert all("\\boxed{5}" in s.response for s in result.samples)
