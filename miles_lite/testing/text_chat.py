@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from miles_lite.testing.text_policy import fast_decode
+from miles_lite.testing.text_policy import fast_decode, fast_encode
 
 __all__ = [
     "ChatBadRequest",
@@ -226,7 +226,7 @@ class TemplateCache:
             )
         except Exception as exc:  # jinja errors, a bad message, ...
             raise ChatBadRequest(f"cannot apply the chat template: {exc}") from exc
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return fast_encode(self.tokenizer, text)
 
 
 def _normalized(messages: list[Any]) -> list[Any]:

@@ -56,7 +56,7 @@ from miles_lite.testing.text_chat import (
     chat_stream_chunks,
 )
 from miles_lite.testing.text_model import TinyModel, TinyModelPolicy
-from miles_lite.testing.text_policy import TextPolicy, fast_decode, token_logprob
+from miles_lite.testing.text_policy import TextPolicy, fast_decode, fast_encode, token_logprob
 
 __all__ = [
     "SAMPLING_KEYS",
@@ -465,11 +465,10 @@ class TextStandInEngine:
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= _INLINE_CHARS:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        ids = await anyio.to_thread.run_sync(
-            lambda: self.tokenizer.encode(text, add_special_tokens=False),
-            limiter=self._tokenizing,
+        ids: list[int] = await anyio.to_thread.run_sync(
+            fast_encode, self.tokenizer, text, limiter=self._tokenizing
         )
-        return list(ids)
+        return ids
 
     def _log(self, body: Any) -> None:
         if len(self.stats.requests) < self.config.request_log_limit:

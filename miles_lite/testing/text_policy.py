@@ -22,7 +22,7 @@ from typing import Any
 
 from miles_lite.errors import ConfigError
 
-__all__ = ["TextPolicy", "TextRule", "fast_decode", "token_logprob"]
+__all__ = ["TextPolicy", "TextRule", "fast_decode", "fast_encode", "token_logprob"]
 
 #: Ordinary BPE tokens of the Qwen3 vocabulary (no special tokens), for random answers.
 _VOCAB_RANGE = (1000, 30000)
@@ -106,6 +106,16 @@ def fast_decode(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bool
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return str(backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
     return str(tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+
+def fast_encode(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=False)`` for a worker thread: the Rust
+    backend's batch call releases the GIL while it works (its single call does not), so
+    the event loop keeps running beside a long prompt."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _last_turn(text: str) -> str:

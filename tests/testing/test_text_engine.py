@@ -13,6 +13,7 @@ import pytest
 
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.text_shapes import shape_diff, wire_shape
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 
 pytestmark = pytest.mark.anyio
@@ -31,49 +32,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 def shape(value: Any) -> Any:
     """Keys and types, recursively: what two answers must share (values may differ)."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [shape(value[0])] if value else []
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    return type(value).__name__
-
-
-def shape_diff(got: Any, want: Any, path: str = "$") -> list[str]:
-    """Where two shapes differ, one readable line per key or type that does not match."""
-    if isinstance(want, dict) and isinstance(got, dict):
-        lines = [f"{path}.{k}: missing" for k in want if k not in got]
-        lines += [f"{path}.{k}: not in SGLang's answer" for k in got if k not in want]
-        for k in want:
-            if k in got:
-                lines += shape_diff(got[k], want[k], f"{path}.{k}")
-        if not lines and list(got) != list(want):
-            lines.append(f"{path}: key order {list(got)} != {list(want)}")
-        return lines
-    if isinstance(want, list) and isinstance(got, list):
-        if want and got:
-            return shape_diff(got[0], want[0], f"{path}[0]")
-        return []
-    return [] if got == want else [f"{path}: {got} != SGLang's {want}"]
+    return wire_shape(value)
 
 
 def assert_shape(got: Any, want: Any) -> None:
     """``got`` has ``want``'s keys (in order) and types, recursively; else a readable diff."""
-    diff = shape_diff(shape(got), shape(_no_cache(want)))
+    diff = shape_diff(got, want)
     assert not diff, "answer differs from the capture:\n" + "\n".join(diff)
-
-
-def _no_cache(value: Any) -> Any:
-    # cached_tokens_details is null with cached_tokens == 0, a map otherwise; the
-    # stand-in has no prefix cache, so it always reports 0 and null.
-    if isinstance(value, dict):
-        return {k: None if k == "cached_tokens_details" else _no_cache(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_cache(v) for v in value]
-    return value
 
 
 def capture(captures: Path, name: str) -> Any:
@@ -289,3 +254,19 @@ async def test_each_generate_capture_has_the_same_keys_and_types(
     if isinstance(real, list):
         assert len(answer) == len(real)
     assert_shape(answer, real)
+
+
+def test_shape_diff_names_each_difference() -> None:
+    real = {"a": 1, "b": [{"c": "x"}], "cached_tokens_details": {"device": 1}}
+    assert shape_diff({"a": 2.5, "b": [{"c": "y"}], "cached_tokens_details": None}, real) == []
+    diff = shape_diff({"a": "1", "b": [{"d": "x"}], "e": None}, real)
+    assert diff == [
+        "$.cached_tokens_details: missing",
+        "$.e: not in the reference answer",
+        "$.a: str != the reference's number",
+        "$.b[0].c: missing",
+        "$.b[0].d: not in the reference answer",
+    ]
+    assert shape_diff({"b": 1, "a": 1}, {"a": 1, "b": 2}) == [
+        "$: key order ['b', 'a'] != ['a', 'b']"
+    ]

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import anyio.to_thread
 import openai
 import pytest
 
@@ -115,7 +116,11 @@ async def test_prompt_ids_are_the_real_qwen3_template(
 async def test_a_multi_turn_tool_call_through_the_openai_client(
     engine: TextStandInEngine,
 ) -> None:
-    async with openai.AsyncOpenAI(base_url=f"{engine.url}/v1", api_key="none") as client:
+    # Built in a thread: the client loads its TLS certificates when it is created.
+    client = await anyio.to_thread.run_sync(
+        lambda: openai.AsyncOpenAI(base_url=f"{engine.url}/v1", api_key="none")
+    )
+    async with client:
         first = await client.chat.completions.create(
             model="default",
             messages=QUESTION,
