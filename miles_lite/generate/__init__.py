@@ -24,14 +24,24 @@ from miles_lite.generate.text_request import (
     apply_generate_answer,
     build_generate_payload,
     check_text_sample,
+    image_data_urls,
     new_rid,
     post_generate,
     prompt_ids,
+    sample_prompt_ids,
+    status_of,
 )
 from miles_lite.generate.text_state import InFlightRequests, TextState
-from miles_lite.generate.tool_calls import ToolCall, ToolCallError, parse_qwen_tool_calls
+from miles_lite.generate.tool_calls import (
+    TOOL_CALL_PARSERS,
+    ToolCall,
+    ToolCallError,
+    ToolCallParser,
+    parse_qwen_tool_calls,
+)
 
 __all__ = [
+    "TOOL_CALL_PARSERS",
     "DiffusionState",
     "GenerateFn",
     "GenerateFnInput",
@@ -40,6 +50,7 @@ __all__ = [
     "TextState",
     "ToolCall",
     "ToolCallError",
+    "ToolCallParser",
     "append_env_tokens",
     "apply_generate_answer",
     "apply_response_item",
@@ -47,9 +58,12 @@ __all__ = [
     "build_request",
     "check_text_sample",
     "generate_diffusion",
+    "image_data_urls",
     "load_function",
     "new_rid",
     "parse_qwen_tool_calls",
     "post_generate",
     "prompt_ids",
+    "sample_prompt_ids",
+    "status_of",
 ]
