@@ -4,7 +4,8 @@
   tokenizer (:func:`load_qwen3_tokenizer`), a scripted :class:`TextPolicy`; also
   ``/v1/chat/completions``. :class:`TextEngineProcess` / :class:`TextEngineProcessGroup`
   run it in child processes; :class:`TinyModelPolicy` makes it answer with a tiny
-  random-weight Qwen2 model instead of the script.
+  random-weight Qwen2 model instead of the script. :func:`shape_diff` compares two
+  answers (or an answer and a capture) key by key.
 - :class:`StandInEngine`: a diffusion engine, an aiohttp server on loopback (``async with``), configured by
   :class:`StandInConfig`, with runtime :class:`Faults` and :class:`EngineStats`.
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
@@ -32,6 +33,7 @@ from miles_lite.testing.text_engine import (
 from miles_lite.testing.text_model import TinyModelPolicy
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.text_process import TextEngineProcess, TextEngineProcessGroup
+from miles_lite.testing.text_shapes import shape_diff, wire_shape
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
 from miles_lite.testing.trajectories import sigma_schedule, synthetic_sample
 
@@ -59,8 +61,10 @@ __all__ = [
     "TinyModelPolicy",
     "load_qwen3_tokenizer",
     "qwen3_tokenizer_dir",
+    "shape_diff",
     "sigma_schedule",
     "synthetic_body",
     "synthetic_sample",
     "token_logprob",
+    "wire_shape",
 ]
