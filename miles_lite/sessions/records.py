@@ -17,7 +17,8 @@ class TurnRecord:
     ``prompt_ids`` is the templated prompt the engine tokenized, ``output_ids`` /
     ``output_log_probs`` what it generated (one log-prob per id), ``finish_reason`` the
     OpenAI string (``stop``, ``tool_calls``, ``length``, ``abort``). ``request`` is the
-    body forwarded to the engine and ``response`` the engine's answer, kept for debugging
+    body forwarded to the engine without ``messages`` / ``tools`` (their counts instead)
+    and ``response`` the engine's answer without per-token lists, kept for debugging
     (``GET /sessions/<id>``).
     """
 
@@ -102,6 +103,36 @@ def record_from_choice(
         output_log_probs=log_probs,
         finish_reason=finish if isinstance(finish, str) else "abort",
         weight_version=version if isinstance(version, str) else None,
-        request=request,
-        response=answer,
+        request=_slim_request(request),
+        response=_slim_response(answer),
     )
+
+
+def _slim_request(request: dict[str, Any]) -> dict[str, Any]:
+    """The request without its history: every turn resends the whole conversation, so
+    keeping it would make a session's records grow with the square of its turns."""
+    slim = {k: v for k, v in request.items() if k not in ("messages", "tools")}
+    messages = request.get("messages")
+    slim["num_messages"] = len(messages) if isinstance(messages, list) else 0
+    slim["num_tools"] = len(request.get("tools") or [])
+    return slim
+
+
+def _slim_response(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer without per-token lists, which the record holds as ids and log-probs."""
+    slim = dict(answer)
+    choices = []
+    for choice in answer.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        choice = {k: v for k, v in choice.items() if k not in ("logprobs", "prompt_token_ids")}
+        meta = choice.get("meta_info")
+        if isinstance(meta, dict):
+            choice["meta_info"] = {
+                k: v
+                for k, v in meta.items()
+                if k not in ("output_token_logprobs", "input_token_logprobs")
+            }
+        choices.append(choice)
+    slim["choices"] = choices
+    return slim

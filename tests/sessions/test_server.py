@@ -51,6 +51,9 @@ async def test_tool_calling_agent_yields_one_merged_sample_with_engine_ids(
         assert record.request["logprobs"] is True and record.request["return_meta_info"] is True
         assert "logprob_start_len" not in record.request
         assert record.request["max_tokens"] == 64  # the rollout's max_new_tokens
+        assert "messages" not in record.request and record.request["num_tools"] == 1
+        assert "logprobs" not in record.response["choices"][0]
+    assert [r.request["num_messages"] for r in records] == [1, 3]
     result = await anyio.to_thread.run_sync(
         lambda: assemble_samples(records, Sample(prompt=ADD), decode=tokenizer.decode)
     )
