@@ -761,7 +761,8 @@ class TextStandInEngine:
         rids = [rid] if options.n == 1 else [uuid.uuid4().hex for _ in range(options.n)]
         if options.n > 1:
             rids[0] = rid
-        generate_body = {"return_logprob": True}
+        # meta_info carries the log-prob triples only when the request asks for log-probs.
+        generate_body = {"return_logprob": options.logprobs}
         calls = [(prompt, _Call(r)) for r in rids]
         answers = await self._run_all(calls, params, generate_body)
         if options.stream:

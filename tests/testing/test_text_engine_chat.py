@@ -168,6 +168,8 @@ async def test_stop_strings_max_tokens_and_n(
     assert short["usage"]["completion_tokens"] == 2
     ids = [c["meta_info"]["id"] for c in many["choices"]]
     assert len(many["choices"]) == 2 and len(set(ids)) == 2
+    # Without logprobs, SGLang's meta_info has no log-prob triples either.
+    assert "output_token_logprobs" not in many["choices"][0]["meta_info"]
 
 
 async def test_id_options_with_stream_are_refused_in_sglangs_words(
@@ -225,6 +227,7 @@ async def test_an_aborted_chat_request_answers_with_its_partial_output(
             body = {
                 "messages": [{"role": "user", "content": "write a lot"}],
                 "rid": "session-7-turn-1",
+                "logprobs": True,
                 "return_meta_info": True,
             }
             answers.append((await post(http, f"{url}/v1/chat/completions", body))[1])
