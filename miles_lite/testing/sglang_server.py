@@ -345,24 +345,25 @@ def _free_port(host: str) -> int:
 
 
 def _kill_tree(pid: int, timeout_s: float) -> None:
-    """SIGTERM ``pid``, its process group and every descendant; SIGKILL what outlives it.
+    """SIGTERM the server, then SIGKILL every process of its tree that outlives it.
 
-    Descendants are collected before signalling: SGLang's scheduler and detokenizer are
-    multiprocessing children that would be re-parented (and lost) once the parent exits.
+    Descendants are collected first: SGLang's scheduler and detokenizer are multiprocessing
+    children that would be re-parented (and lost) once the parent exits. Only the parent
+    gets SIGTERM: it stops its children itself, whereas a child killed first makes it wait
+    5 s for crash diagnostics.
     """
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         procs = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    for p in procs:
+    if procs and timeout_s > 0:
         with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s) if timeout_s > 0 else ([], procs)
+            root.terminate()
+        psutil.wait_procs(procs, timeout=timeout_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    alive = [p for p in procs if p.is_running()]
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
