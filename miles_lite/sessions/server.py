@@ -56,6 +56,8 @@ _CHAT_NAMES = {
 }
 #: Bodies larger than this are parsed in a worker thread, not on the event loop.
 _OFF_LOOP_JSON_BYTES = 64 * 1024
+#: Answers with more output tokens than this are encoded in a worker thread.
+_OFF_LOOP_ANSWER_TOKENS = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -469,7 +471,8 @@ class SessionServer:
         if not session.closed:
             session.records.append(record)
             self._counts["recorded"] += 1
-        return await self._answer(request, _for_agent(answer), stream)
+        large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
+        return await self._answer(request, _for_agent(answer), stream, large)
 
     async def _read_body(self, request: web.Request) -> dict[str, Any]:
         limit = self._config.max_body_bytes
@@ -586,15 +589,21 @@ class SessionServer:
                 )
 
     async def _answer(
-        self, request: web.Request, answer: dict[str, Any], stream: bool
+        self, request: web.Request, answer: dict[str, Any], stream: bool, large: bool = False
     ) -> web.StreamResponse:
+        payload = _as_chunk(answer) if stream else answer
+        if large:
+            # Thousands of per-token log-prob entries take tens of ms to encode.
+            text = await anyio.to_thread.run_sync(json.dumps, payload)
+        else:
+            text = json.dumps(payload)
         if not stream:
-            return web.json_response(answer)
+            return web.Response(text=text, content_type="application/json")
         # The whole answer as one chunk, then [DONE] (as miles): ids and log-probs need the
         # complete answer, which SGLang does not stream.
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(f"data: {json.dumps(_as_chunk(answer))}\n\n".encode())
+        await response.write(f"data: {text}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

@@ -350,3 +350,15 @@ async def test_each_session_keeps_one_engine(stack: OpenStack, clients: Clients)
         used = [{r.engine_url for r in await s.server.close_session(x.id)} for x in sessions]
     assert all(len(urls) == 1 for urls in used)
     assert set().union(*used) == {e.url for e in s.engines}  # both engines got sessions
+
+
+async def test_a_long_answer_reaches_the_agent_whole(stack: OpenStack, clients: Clients) -> None:
+    long = TextStandInConfig(policy=TextPolicy(default_length=1500))
+    async with stack(engine_config=long, max_new_tokens=2000) as s:
+        session = await s.server.open_session()
+        oa = clients(session.base_url)
+        answer = await oa.chat.completions.create(model="m", messages=ADD, logprobs=True)  # type: ignore[arg-type]
+        (record,) = await s.server.close_session(session.id)
+    assert len(record.output_ids) == 1501 and answer.usage is not None
+    assert answer.usage.completion_tokens == 1501
+    assert len(answer.choices[0].logprobs.content or []) == 1501  # type: ignore[union-attr]
