@@ -1,0 +1,130 @@
+"""The SGLang launcher's failure paths, with stand-in interpreters (no SGLang needed).
+
+The launcher against the real server is exercised by tests/conformance (its fixture)."""
+
+from __future__ import annotations
+
+import stat
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from miles_lite.errors import (
+    ClosedResourceError,
+    ConfigError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+)
+from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig
+
+
+def fake_venv(tmp_path: Path, script: str) -> Path:
+    """A venv whose python is ``script`` (bash), with a model folder beside it."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/usr/bin/env bash\n" + script)
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    (venv / "tiny-qwen2").mkdir()
+    (venv / "tiny-qwen2" / "config.json").write_text("{}")
+    return venv
+
+
+def test_missing_venv_names_the_setup_script(tmp_path: Path) -> None:
+    server = SGLangServer(SGLangServerConfig(venv=tmp_path / "nowhere"))
+    with pytest.raises(EngineUnavailableError, match=r"scripts/sglang-cpu/setup\.sh"):
+        server.start()
+
+
+def test_missing_model_names_the_setup_script(tmp_path: Path) -> None:
+    venv = fake_venv(tmp_path, "exit 0\n")
+    with pytest.raises(EngineUnavailableError, match="no model at"):
+        SGLangServer(SGLangServerConfig(venv=venv, model_path=tmp_path / "none")).start()
+
+
+def test_server_that_exits_while_starting_shows_its_log(tmp_path: Path) -> None:
+    venv = fake_venv(tmp_path, 'echo "boom: args were $*"\nexit 3\n')
+    with (
+        pytest.raises(EngineUnavailableError, match="exited with code 3") as info,
+        SGLangServer(SGLangServerConfig(venv=venv)),
+    ):
+        pass
+    assert "boom: args were -m sglang.launch_server" in str(info.value)
+    assert "--attention-backend torch_native" in str(info.value)
+
+
+def test_start_timeout_stops_the_whole_tree(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    # A "server" that never answers /health and spawns a child in another process group,
+    # as SGLang's scheduler does not: the tree walk must still find it.
+    venv = fake_venv(
+        tmp_path,
+        f"setsid sleep 300 &\necho $! > {pids}\necho starting\nexec sleep 300\n",
+    )
+    server = SGLangServer(SGLangServerConfig(venv=venv, start_timeout_s=1.5, stop_timeout_s=1))
+    t0 = time.monotonic()
+    with pytest.raises(EngineTimeoutError, match="did not answer /health") as info:
+        server.start()
+    assert time.monotonic() - t0 < 10
+    assert "starting" in str(info.value)
+    root = server.pid
+    child = int(pids.read_text())
+    for pid in (root, child):
+        assert pid is not None
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(ClosedResourceError):
+        server.start()
+    with pytest.raises(ClosedResourceError):
+        _ = server.url
+
+
+def test_stop_is_idempotent_and_url_needs_a_running_server(tmp_path: Path) -> None:
+    server = SGLangServer(SGLangServerConfig(venv=tmp_path))
+    with pytest.raises(ClosedResourceError):
+        _ = server.url
+    server.stop()
+    server.stop()
+
+
+def test_command_carries_the_cpu_flags(tmp_path: Path) -> None:
+    config = SGLangServerConfig(venv=tmp_path, extra_args=("--log-level", "warning"))
+    cmd = SGLangServer(config).command(31234)
+    assert cmd[:3] == [str(tmp_path / "bin" / "python"), "-m", "sglang.launch_server"]
+    joined = " ".join(cmd)
+    for flag in (
+        "--device cpu",
+        "--port 31234",
+        "--host 127.0.0.1",
+        "--grammar-backend none",
+        f"--model-path {tmp_path / 'tiny-qwen2'}",
+        "--dtype float32",
+    ):
+        assert flag in joined
+    assert cmd[-2:] == ["--log-level", "warning"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("venv", "not-a-path"),
+        ("model_path", "x"),
+        ("port", -1),
+        ("port", True),
+        ("start_timeout_s", 0),
+        ("stop_timeout_s", -1.0),
+        ("max_running_requests", 0),
+        ("max_total_tokens", 1.5),
+        ("extra_args", ["--x"]),
+    ],
+)
+def test_config_errors_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"SGLangServerConfig.{field}"):
+        SGLangServerConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_default_model_is_inside_the_venv(tmp_path: Path) -> None:
+    config = SGLangServerConfig(venv=tmp_path)
+    assert config.model == tmp_path / "tiny-qwen2"
+    assert SGLangServerConfig(venv=tmp_path, model_path=tmp_path / "m").model == tmp_path / "m"
