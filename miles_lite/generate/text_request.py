@@ -185,13 +185,18 @@ async def post_generate(
 
 
 async def _send(state: TextState, payload: dict[str, Any], rid: str, span: UnitSpan | None) -> Any:
-    # The one place a /generate goes out: lease an engine under the router's in-flight
-    # bound; the client retries only what never reached the engine.
-    async with state.router.lease() as url:
+    # The one place a /generate goes out: through the router's one retry loop (only what
+    # never reached an engine, or a 502/503/504, is retried, on another engine), under its
+    # per-engine in-flight bound; the client itself never retries.
+    client = state.router.client
+
+    async def attempt(url: str) -> Any:
         if span is not None:
             span.engine = url
             span.requests += 1
-        return await state.router.client.post_json(url, GENERATE_PATH, payload, request_id=rid)
+        return await client.post_json(url, GENERATE_PATH, payload, request_id=rid, retry=False)
+
+    return await state.router.call(attempt)
 
 
 def status_of(answer: Mapping[str, Any]) -> SampleStatus:
