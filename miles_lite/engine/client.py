@@ -151,6 +151,7 @@ class EngineClient:
         request_id: str | None = None,
         into: BodyAllocator | None = None,
         timeout_s: float | None = None,
+        retry: bool = True,
     ) -> RawResponse:
         """POST ``payload`` as JSON to ``url + path`` and return the 2xx answer unparsed.
 
@@ -161,8 +162,9 @@ class EngineClient:
         and copied into a buffer of the final size off the loop. ``timeout_s`` replaces the
         total timeout for this call (seconds).
 
-        Retryable failures are retried under ``config.retry``; POST /rollout/generate is
-        idempotent given its seed, so a retry yields the same samples.
+        Retryable failures (the request never reached the engine, or 502/503/504) are
+        retried under ``config.retry`` on this engine; ``retry=False`` makes one attempt
+        (:meth:`Router.call` retries on another engine instead).
 
         Raises ``EngineStatusError`` (non-2xx; ``status``, ``body_excerpt``),
         ``EngineUnavailableError``, ``EngineTimeoutError``, ``EngineProtocolError``
@@ -173,9 +175,8 @@ class EngineClient:
         cancellation the connection is closed and nothing is returned.
         """
         data = _encode_json(payload)
-        return await self._call(
-            "POST", url, path, data, request_id, into, timeout_s, self._config.retry
-        )
+        policy = self._config.retry if retry else _NO_RETRY
+        return await self._call("POST", url, path, data, request_id, into, timeout_s, policy)
 
     async def get_json(
         self,
@@ -184,6 +185,7 @@ class EngineClient:
         *,
         request_id: str | None = None,
         timeout_s: float | None = None,
+        retry: bool = True,
     ) -> Any:
         """GET ``url + path`` and return the answer parsed as JSON (``None`` if empty).
 
@@ -192,7 +194,7 @@ class EngineClient:
         JSON. Cancellation propagates.
         """
         raw = await self._call(
-            "GET", url, path, None, request_id, None, timeout_s, self._config.retry
+            "GET", url, path, None, request_id, None, timeout_s, self._policy(retry)
         )
         return await _parse_json(raw, "GET", path)
 
@@ -204,18 +206,18 @@ class EngineClient:
         *,
         request_id: str | None = None,
         timeout_s: float | None = None,
+        retry: bool = True,
     ) -> Any:
         """POST ``payload`` as JSON (no body if ``None``) and return the answer parsed as JSON.
 
         For control endpoints (``/abort_request``, ``/pause_generation``,
         ``/update_weight_version``); an empty answer gives ``None``. Retried like
-        :meth:`post`. Raises the errors of :meth:`post`, and ``EngineProtocolError`` when
-        the body is not JSON. Cancellation propagates.
+        :meth:`post` (``retry=False``: one attempt). Raises the errors of :meth:`post`, and
+        ``EngineProtocolError`` when the body is not JSON. Cancellation propagates.
         """
         data = None if payload is None else _encode_json(payload)
-        raw = await self._call(
-            "POST", url, path, data, request_id, None, timeout_s, self._config.retry
-        )
+        policy = self._config.retry if retry else _NO_RETRY
+        raw = await self._call("POST", url, path, data, request_id, None, timeout_s, policy)
         return await _parse_json(raw, "POST", path)
 
     async def health(
@@ -235,6 +237,10 @@ class EngineClient:
         return True
 
     # -- internals -------------------------------------------------------------------------
+
+    def _policy(self, retry: bool) -> RetryPolicy:
+        # retry=False: the caller retries (Router.call leases another engine per attempt).
+        return self._config.retry if retry else _NO_RETRY
 
     def _client_timeout(self, total_s: float | None) -> aiohttp.ClientTimeout:
         # sock_connect, not connect: aiohttp's `connect` also counts the wait for a free

@@ -1,22 +1,27 @@
 """Choosing an engine per request: least in flight, sticky keys, health checks, re-admission.
 
 Like miles' router, an engine that fails ``failure_threshold`` times in a row leaves the
-rotation. Unlike it, the health loop keeps probing removed engines and re-admits one as soon
-as its ``/health`` answers 2xx (an engine restarted after a crash comes back by itself).
+rotation. Unlike it, the health loop keeps probing removed engines and re-admits one once
+its ``/health`` answers 2xx after ``readmit_cooldown_s`` (an engine restarted after a crash
+comes back by itself). A passing probe does not clear request failures: an engine whose
+``/health`` answers while its generations time out still leaves the rotation, and is let
+back only after the cool-down, so it cannot flap in and out every probe round.
 """
 
 from __future__ import annotations
 
+import random
 import sys
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from miles_lite.engine.retry import RetryPolicy, retry_call
 from miles_lite.errors import (
     ClosedResourceError,
     ConfigError,
@@ -33,8 +38,11 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from miles_lite.engine.client import EngineClient
+    from miles_lite.engine.response import BodyAllocator, RawResponse
 
 __all__ = ["EngineState", "Router", "RouterConfig", "RouterStats"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,8 +69,20 @@ class RouterConfig:
     #: others do not take its share. For SGLang, about its ``--max-running-requests``
     #: (plus a queued request or two, so the engine never idles between answers).
     max_inflight_per_engine: int = 4
+    #: Least time out of rotation before a passing /health probe lets an engine back in
+    #: (seconds, >= 0). Counted from its removal.
+    readmit_cooldown_s: float = 10.0
 
     def __post_init__(self) -> None:
+        value = self.readmit_cooldown_s
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value < float("inf")
+        ):
+            raise ConfigError(
+                f"readmit_cooldown_s must be a finite number of seconds >= 0, got {value!r}"
+            )
         for name in ("health_interval_s", "health_timeout_s", "wait_timeout_s"):
             value = getattr(self, name)
             if (
@@ -112,13 +132,15 @@ class RouterStats:
 
 class _Engine:
     __slots__ = (
-        "consecutive_failures",
         "failures",
         "healthy",
         "in_flight",
         "leases",
+        "probe_failures",
         "readmissions",
         "removals",
+        "removed_at",
+        "request_failures",
         "url",
     )
 
@@ -126,11 +148,18 @@ class _Engine:
         self.url = url
         self.healthy = True
         self.in_flight = 0
-        self.consecutive_failures = 0
+        # Two streaks: a passing probe clears only its own, a request that succeeds both.
+        self.request_failures = 0
+        self.probe_failures = 0
+        self.removed_at = 0.0
         self.leases = 0
         self.failures = 0
         self.removals = 0
         self.readmissions = 0
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self.request_failures + self.probe_failures
 
     def snapshot(self) -> EngineState:
         return EngineState(
@@ -183,6 +212,7 @@ class Router:
         self._config = config if config is not None else RouterConfig()
         self._sticky: OrderedDict[str, _Engine] = OrderedDict()
         self._queue: deque[anyio.Event] = deque()  # plain leases waiting for a slot
+        self._random = random.Random()
         self._next = 0  # where the round-robin tie-break starts
         self._task_group: TaskGroup | None = None
         self._state = "new"  # -> "running" -> "closed"
@@ -227,7 +257,9 @@ class Router:
         """Drop the engine remembered for sticky ``key`` (e.g. when a session ends)."""
         self._sticky.pop(key, None)
 
-    def lease(self, key: str | None = None) -> AbstractAsyncContextManager[str]:
+    def lease(
+        self, key: str | None = None, *, exclude: Collection[str] = ()
+    ) -> AbstractAsyncContextManager[str]:
         """An async context manager giving the URL of the engine to use, counted in flight.
 
         Picks the healthy engine with the fewest leases open (ties go round robin) among
@@ -242,8 +274,101 @@ class Router:
         is recorded; ``failure_threshold`` in a row take the engine out of rotation. When
         it exits normally, the failure count is reset. Other errors and cancellation count
         as neither. Raises ``ClosedResourceError`` outside the router's ``async with``.
+
+        ``exclude``: engines to avoid (one that just failed this request), unless no other
+        healthy engine exists.
         """
-        return _Lease(self, key)
+        return _Lease(self, key, frozenset(exclude))
+
+    async def call(
+        self,
+        fn: Callable[[str], Awaitable[T]],
+        *,
+        key: str | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> T:
+        """Await ``fn(url)`` on a leased engine, retrying retryable failures elsewhere.
+
+        The one retry loop of requests through the router: each retry takes a new lease
+        that avoids the engines that already failed this call (an engine killed mid-rollout
+        does not eat every retry). ``fn`` must not retry by itself (the client's
+        ``retry=False``). Only what never reached an engine and 502/503/504 answers are
+        retried (see :mod:`miles_lite.engine.retry`); ``policy`` defaults to the client's.
+        Cancellation propagates at once.
+        """
+        failed: set[str] = set()
+
+        async def attempt() -> T:
+            async with self.lease(key, exclude=failed) as url:
+                try:
+                    return await fn(url)
+                except Exception as exc:
+                    if RetryPolicy.should_retry(exc):
+                        failed.add(url)
+                    raise
+
+        return await retry_call(
+            policy or self._client.config.retry, attempt, rand=self._random.random
+        )
+
+    async def post(
+        self,
+        path: str,
+        payload: dict[str, Any],
+        *,
+        key: str | None = None,
+        request_id: str | None = None,
+        into: BodyAllocator | None = None,
+    ) -> RawResponse:
+        """POST ``payload`` as JSON to ``path`` on a leased engine; the answer, unparsed.
+
+        ``RawResponse.url`` names the engine that served it (for an abort or a sticky
+        follow-up). Retried as :meth:`call` says: only what never reached an engine and
+        502/503/504, each retry on another engine when there is one; a generation the
+        engine received is never sent again. Limits are the client's config
+        (``total_timeout_s``, ``read_timeout_s``, ``max_body_bytes``). Raises what
+        :meth:`EngineClient.post` raises, and ``EngineUnavailableError`` when no engine is
+        healthy for ``wait_timeout_s``.
+        """
+        client = self._client
+
+        async def send(url: str) -> RawResponse:
+            return await client.post(
+                url, path, payload, request_id=request_id, into=into, retry=False
+            )
+
+        return await self.call(send, key=key)
+
+    async def post_json(
+        self,
+        path: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        request_id: str | None = None,
+    ) -> Any:
+        """POST ``payload`` as JSON on a leased engine; the answer parsed (``None`` if empty).
+
+        Retried and bounded as :meth:`post`. Use :meth:`post` when the engine that served
+        matters (``RawResponse.url``); this returns only the parsed body.
+        """
+        client = self._client
+
+        async def send(url: str) -> Any:
+            return await client.post_json(url, path, payload, request_id=request_id, retry=False)
+
+        return await self.call(send, key=key)
+
+    async def get_json(
+        self, path: str, *, key: str | None = None, request_id: str | None = None
+    ) -> Any:
+        """GET ``path`` on a leased engine; the answer parsed as JSON. As :meth:`post_json`."""
+        client = self._client
+
+        async def send(url: str) -> Any:
+            return await client.get_json(url, path, request_id=request_id, retry=False)
+
+        return await self.call(send, key=key)
 
     async def __aenter__(self) -> Router:
         if self._state != "new":
@@ -279,11 +404,11 @@ class Router:
 
     # -- selection ---------------------------------------------------------------------
 
-    async def _acquire(self, key: str | None) -> _Engine:
+    async def _acquire(self, key: str | None, exclude: frozenset[str] = frozenset()) -> _Engine:
         self._check_running()
         deadline: float | None = None  # set only while no engine is healthy
         while True:
-            engine = self._pick(key)
+            engine = self._pick(key, exclude)
             if engine is not None:
                 return engine
             if self.healthy_urls:
@@ -335,10 +460,11 @@ class Router:
                 event.set()
                 return
 
-    def _pick(self, key: str | None) -> _Engine | None:
+    def _pick(self, key: str | None, exclude: frozenset[str] = frozenset()) -> _Engine | None:
         """The engine for this lease, counted in flight; None if none is free. No await.
 
-        A sticky key whose engine is healthy but full waits for that engine.
+        A sticky key whose engine is healthy but full waits for that engine. Excluded
+        engines are taken only when they are the only healthy ones.
         """
         engine = None
         if key is not None:
@@ -348,7 +474,8 @@ class Router:
             if engine is not None and engine.in_flight >= self._config.max_inflight_per_engine:
                 return None
         if engine is None:
-            engine = self._least_loaded()
+            others = exclude and any(e.healthy and e.url not in exclude for e in self._engines)
+            engine = self._least_loaded(exclude if others else frozenset())
             if engine is None:
                 return None
         if key is not None:
@@ -360,7 +487,7 @@ class Router:
         engine.leases += 1
         return engine
 
-    def _least_loaded(self) -> _Engine | None:
+    def _least_loaded(self, exclude: frozenset[str]) -> _Engine | None:
         best: _Engine | None = None
         best_index = 0
         count = len(self._engines)
@@ -370,6 +497,7 @@ class Router:
             engine = self._engines[index]
             if (
                 engine.healthy
+                and engine.url not in exclude
                 and engine.in_flight < self._config.max_inflight_per_engine
                 and (best is None or engine.in_flight < best.in_flight)
             ):
@@ -384,28 +512,36 @@ class Router:
         self._changed.set()  # sticky leases check whether it is their engine's
         self._changed = anyio.Event()
         if exc is None:
-            engine.consecutive_failures = 0
+            engine.request_failures = 0
+            engine.probe_failures = 0
         elif _marks_unhealthy(exc, engine.url):
+            engine.request_failures += 1
             self._record_failure(engine)
 
     # -- health ------------------------------------------------------------------------
 
     def _record_failure(self, engine: _Engine) -> None:
         engine.failures += 1
-        engine.consecutive_failures += 1
         if engine.healthy and engine.consecutive_failures >= self._config.failure_threshold:
             engine.healthy = False
             engine.removals += 1
+            engine.removed_at = anyio.current_time()
             # Leases waiting for a slot may now have no healthy engine at all: from then on
             # their wait is bounded (wait_timeout_s), and they fail together.
             self._wake_waiters()
 
     def _record_probe(self, engine: _Engine, ok: bool) -> None:
         if not ok:
+            engine.probe_failures += 1
             self._record_failure(engine)
             return
-        engine.consecutive_failures = 0
+        # Only the probe streak: /health answering says nothing of generations timing out.
+        engine.probe_failures = 0
         if not engine.healthy:
+            cooled = anyio.current_time() - engine.removed_at
+            if cooled < self._config.readmit_cooldown_s:
+                return
+            engine.request_failures = 0
             engine.healthy = True
             engine.readmissions += 1
             self._wake_waiters()
@@ -460,17 +596,18 @@ class Router:
 class _Lease:
     """``async with router.lease(key) as url``: see :meth:`Router.lease`."""
 
-    __slots__ = ("_engine", "_key", "_router")
+    __slots__ = ("_engine", "_exclude", "_key", "_router")
 
-    def __init__(self, router: Router, key: str | None) -> None:
+    def __init__(self, router: Router, key: str | None, exclude: frozenset[str]) -> None:
         self._router = router
         self._key = key
+        self._exclude = exclude
         self._engine: _Engine | None = None
 
     async def __aenter__(self) -> str:
         if self._engine is not None:
             raise RuntimeError("a lease can be entered only once; call router.lease() again")
-        self._engine = await self._router._acquire(self._key)
+        self._engine = await self._router._acquire(self._key, self._exclude)
         return self._engine.url
 
     async def __aexit__(

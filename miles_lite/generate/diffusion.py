@@ -16,7 +16,7 @@ from typing import Any
 from miles_lite.codecs.body import wire_form
 from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.config import DiffusionRolloutConfig
-from miles_lite.engine import EngineClient, RawResponse, Router, retry_call
+from miles_lite.engine import EngineClient, RawResponse, Router
 from miles_lite.engine.response import BodyBuffer, allocate_fresh
 from miles_lite.errors import ArenaFullError, CodecError, EngineProtocolError
 from miles_lite.generate.contract import GenerateFnInput
@@ -79,20 +79,21 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
         # The engine client's config owns every per-request limit, in both transports.
         limits = state.client.config
 
-        async def fetch_once() -> Any:
-            async with state.router.lease() as url:
-                span.engine = url
-                request = FetchRequest(
-                    url=url,
-                    path=PATH,
-                    payload=payload,
-                    request_id=rid,
-                    timeout_s=limits.total_timeout_s or limits.read_timeout_s or 0.0,
-                    max_body_bytes=limits.max_body_bytes,
-                )
-                return await parser.fetch(request)
+        async def fetch_from(url: str) -> Any:
+            span.engine = url
+            span.requests += 1
+            request = FetchRequest(
+                url=url,
+                path=PATH,
+                payload=payload,
+                request_id=rid,
+                timeout_s=limits.total_timeout_s or limits.read_timeout_s or 0.0,
+                max_body_bytes=limits.max_body_bytes,
+            )
+            return await parser.fetch(request)
 
-        parsed = await retry_call(state.client.config.retry, fetch_once, rand=state.rand.random)
+        # A retry (never of a request the engine received) asks the router for another engine.
+        parsed = await state.router.call(fetch_from)
         span.spilled = parsed.spilled
         span.generate_end = parsed.read_at
         span.deserialize_start = parsed.read_at
@@ -111,12 +112,14 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
                 span.spilled = True
                 return await allocate_fresh(nbytes)
 
-        async def post_once() -> RawResponse:
-            async with state.router.lease() as url:
-                span.engine = url
-                return await state.client.post(url, PATH, payload, request_id=rid, into=into)
+        async def post_to(url: str) -> RawResponse:
+            span.engine = url
+            span.requests += 1
+            return await state.client.post(
+                url, PATH, payload, request_id=rid, into=into, retry=False
+            )
 
-        raw = await post_once()  # the client retries retryable failures on this engine
+        raw = await state.router.call(post_to)
         span.generate_end = span.deserialize_start = time.monotonic()
         span.wire_bytes = len(raw.body)
         items = await _deserialize(state, raw, rid)
