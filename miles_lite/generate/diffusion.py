@@ -7,7 +7,6 @@ the body never enters the main process.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,7 +37,6 @@ class DiffusionState:
     client: EngineClient
     router: Router
     parser: ParserPool | None
-    rand: random.Random
     #: Where bodies read by the main process land: the parser pool's arena, or (inline
     #: transport) one of the rollout's own; None: fresh memory per body.
     arena: Arena | None = None

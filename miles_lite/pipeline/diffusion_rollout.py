@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -88,7 +87,6 @@ class DiffusionRollout:
             client=client,
             router=router,
             parser=parser,
-            rand=random.Random(),
             arena=arena if arena is not None else (parser.arena if parser is not None else None),
         )
         self.scorer = Scorer(rewards or {}, reward=config.reward, group_reward=config.group_reward)
