@@ -32,7 +32,11 @@ QUIET = RouterConfig(
 )
 #: Health rounds every 20 ms.
 BUSY = RouterConfig(
-    health_interval_s=0.02, failure_threshold=2, health_timeout_s=0.5, wait_timeout_s=1.0
+    health_interval_s=0.02,
+    failure_threshold=2,
+    health_timeout_s=0.5,
+    wait_timeout_s=1.0,
+    readmit_cooldown_s=0.0,
 )
 
 
@@ -227,7 +231,9 @@ async def test_waiting_lease_gets_the_engine_that_comes_back(
 ) -> None:
     engine = engines[0]
     engine.defaults["/health"] = Reply(503)
-    config = RouterConfig(health_interval_s=0.02, failure_threshold=1, wait_timeout_s=3.0)
+    config = RouterConfig(
+        health_interval_s=0.02, failure_threshold=1, wait_timeout_s=3.0, readmit_cooldown_s=0.0
+    )
     got: list[str] = []
 
     async def take() -> None:
@@ -301,6 +307,9 @@ async def test_unreachable_engine_is_removed_by_the_health_loop(
         ("wait_timeout_s", float("inf")),
         ("failure_threshold", 0),
         ("max_sticky_keys", 1.5),
+        ("max_inflight_per_engine", 0),
+        ("readmit_cooldown_s", -0.5),
+        ("readmit_cooldown_s", True),
     ],
 )
 def test_router_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
