@@ -205,3 +205,39 @@ async def test_benchmark_lengths_are_random_in_range_seeded_and_ignore_eos(
     assert asked[-1] == asked[5]  # the same seed, the same length
     # ignore_eos: the engine generates exactly the length asked, past its EOS.
     assert [s.response_length for s in samples] == asked
+
+
+async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer: Any) -> None:
+    import socket
+
+    import anyio
+
+    from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router
+    from miles_lite.generate.text_state import TextState
+    from miles_lite.testing import TextStandInEngine
+    from tests.generate.conftest import RULES
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    engine = TextStandInEngine(TextStandInConfig(policy=TextPolicy(rules=RULES)), tokenizer)
+    await engine.__aenter__()
+    retry = RetryPolicy(max_attempts=3, backoff_initial_s=0.01, backoff_max_s=0.02)
+    try:
+        async with (
+            EngineClient(EngineClientConfig(retry=retry)) as client,
+            Router([dead, engine.url], client) as router,
+        ):
+            state = TextState(tokenizer=tokenizer, router=router)
+            attempts = 0
+            for _ in range(2):  # round robin: one of the two tries the dead engine first
+                inp = _input(Sample(prompt="What is 2+3?"), state)
+                out = await single_turn.generate(inp)
+                assert out.status is SampleStatus.COMPLETED
+                assert inp.span.engine == engine.url
+                attempts += inp.span.requests
+    finally:
+        with anyio.CancelScope(shield=True):
+            await engine.aclose()
+    assert len(engine.stats.requests) == 2
+    assert attempts in (3, 4)  # refused attempts at the dead engine, retried on the live one
