@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,97 +27,29 @@ from aiohttp import web
 
 from miles_lite.errors import (
     ClosedResourceError,
-    ConfigError,
     EngineError,
     EngineStatusError,
     SessionError,
 )
 from miles_lite.generate.text_state import TextState
+from miles_lite.sessions._openai_wire import (
+    CHAT_NAMES,
+    abort_answer,
+    as_chunk,
+    error_response,
+    for_agent,
+    passthrough,
+    too_large,
+)
 from miles_lite.sessions.records import TurnRecord, record_from_choice
+from miles_lite.sessions.server_config import Session, SessionServerConfig, SessionServerStatistics
 
 __all__ = ["Session", "SessionServer", "SessionServerConfig", "SessionServerStatistics"]
 
-#: /generate sampling keys and their names on /v1/chat/completions.
-_CHAT_NAMES = {
-    "max_new_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
-    "sampling_seed": "seed",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "ignore_eos": "ignore_eos",
-}
 #: Bodies larger than this are parsed in a worker thread, not on the event loop.
 _OFF_LOOP_JSON_BYTES = 64 * 1024
 #: Answers with more output tokens than this are encoded in a worker thread.
 _OFF_LOOP_ANSWER_TOKENS = 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class SessionServerConfig:
-    """How the session server listens and forwards. Sizes in bytes, times in seconds.
-
-    ``port=0`` takes a free port. ``max_body_bytes`` bounds an agent's request body (413
-    beyond). ``engine_timeout_s`` bounds one forwarded chat request (``None``: the engine
-    client's own total timeout). ``abort_timeout_s`` bounds the abort of a rid whose agent
-    went away. ``model`` is what ``/v1/models`` lists.
-
-    Usage: ``SessionServerConfig(max_body_bytes=4 << 20)``.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    max_body_bytes: int = 16 << 20
-    engine_timeout_s: float | None = None
-    abort_timeout_s: float = 2.0
-    model: str = "miles-lite"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ConfigError(f"port must be an int in [0, 65535], got {self.port!r}")
-        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
-            raise ConfigError(f"max_body_bytes must be an int >= 1024, got {self.max_body_bytes!r}")
-        if self.engine_timeout_s is not None and not self.engine_timeout_s > 0:
-            raise ConfigError(
-                f"engine_timeout_s must be > 0 or None, got {self.engine_timeout_s!r}"
-            )
-        if not self.abort_timeout_s > 0:
-            raise ConfigError(f"abort_timeout_s must be > 0, got {self.abort_timeout_s!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Session:
-    """An open session: its ``id``, the ``base_url`` an OpenAI client takes
-    (``.../sessions/<id>/v1``), and ``api_key``, which picks the same session at the
-    server's fixed :attr:`SessionServer.openai_base_url`."""
-
-    id: str
-    base_url: str
-    api_key: str
-
-
-@dataclass(frozen=True, slots=True)
-class SessionServerStatistics:
-    """Counters of a :class:`SessionServer` since it started."""
-
-    open_sessions: int
-    opened: int
-    closed: int
-    requests: int
-    recorded: int
-    engine_errors: int
-    conflicts: int
-    not_found: int
-    bad_requests: int
-    too_large: int
-    aborted_answers: int
-    disconnect_aborts: int
 
 
 @dataclass
@@ -361,7 +292,7 @@ class SessionServer:
 
     async def _h_unknown(self, request: web.Request) -> web.Response:
         self._counts["not_found"] += 1
-        return _error(
+        return error_response(
             404,
             f"{request.method} {request.path} is not served here; a session serves "
             "POST .../v1/chat/completions and GET .../v1/models under /sessions/<id> (or /v1 "
@@ -398,7 +329,7 @@ class SessionServer:
         if session is None:
             self._counts["not_found"] += 1
             raise _Reply(
-                _error(
+                error_response(
                     404,
                     f"session {sid!r} is unknown or closed; open one with POST /sessions and "
                     "use the base URL it returns",
@@ -413,7 +344,7 @@ class SessionServer:
         if scheme.lower() != "bearer" or not key.strip():
             self._counts["not_found"] += 1
             raise _Reply(
-                _error(
+                error_response(
                     401,
                     "no session key: send 'Authorization: Bearer <session api_key>' (from POST "
                     "/sessions), or use the session's own base URL /sessions/<id>/v1",
@@ -424,7 +355,7 @@ class SessionServer:
         if session is None:
             self._counts["not_found"] += 1
             raise _Reply(
-                _error(
+                error_response(
                     404,
                     "the session of this API key is unknown or closed; open a new session",
                     "not_found_error",
@@ -435,7 +366,7 @@ class SessionServer:
     async def _chat(self, request: web.Request, session: _Session) -> web.StreamResponse:
         if session.busy:
             self._counts["conflicts"] += 1
-            return _error(
+            return error_response(
                 409,
                 f"session {session.id} already has a chat request in flight; a session is one "
                 "conversation: wait for the answer, or open another session for parallel work",
@@ -457,7 +388,7 @@ class SessionServer:
         body.pop("stream_options", None)
         if session.aborted or session.closed or self._state.stopping:
             self._counts["aborted_answers"] += 1
-            answer = _abort_answer(body.get("model") or self._config.model)
+            answer = abort_answer(body.get("model") or self._config.model)
             return await self._answer(request, answer, stream)
         rid = uuid.uuid4().hex
         payload = self._payload(body, rid)
@@ -467,23 +398,23 @@ class SessionServer:
         except EngineError as exc:
             self._counts["engine_errors"] += 1
             session.engine_errors += 1
-            raise _Reply(_error(502, str(exc), "upstream_error")) from exc
+            raise _Reply(error_response(502, str(exc), "upstream_error")) from exc
         if not session.closed:
             session.records.append(record)
             self._counts["recorded"] += 1
         large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
-        return await self._answer(request, _for_agent(answer), stream, large)
+        return await self._answer(request, for_agent(answer), stream, large)
 
     async def _read_body(self, request: web.Request) -> dict[str, Any]:
         limit = self._config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             self._counts["too_large"] += 1
-            raise _Reply(_too_large(request.content_length, limit))
+            raise _Reply(too_large(request.content_length, limit))
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self._counts["too_large"] += 1
-            raise _Reply(_too_large(None, limit)) from None
+            raise _Reply(too_large(None, limit)) from None
         try:
             if len(raw) > _OFF_LOOP_JSON_BYTES:
                 body = await anyio.to_thread.run_sync(json.loads, raw)
@@ -492,12 +423,14 @@ class SessionServer:
         except ValueError as exc:
             self._counts["bad_requests"] += 1
             raise _Reply(
-                _error(400, f"request body is not JSON ({exc}); send a chat.completions body")
+                error_response(
+                    400, f"request body is not JSON ({exc}); send a chat.completions body"
+                )
             ) from None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             self._counts["bad_requests"] += 1
             raise _Reply(
-                _error(
+                error_response(
                     400,
                     "request body must be a JSON object with a 'messages' list",
                     param="messages",
@@ -506,7 +439,9 @@ class SessionServer:
         if not body["messages"]:
             self._counts["bad_requests"] += 1
             raise _Reply(
-                _error(400, "'messages' is empty; send at least one message", param="messages")
+                error_response(
+                    400, "'messages' is empty; send at least one message", param="messages"
+                )
             )
         return body
 
@@ -518,7 +453,7 @@ class SessionServer:
         if "max_completion_tokens" in payload:
             payload.setdefault("max_tokens", payload["max_completion_tokens"])
         for key, value in self._state.sampling.to_payload().items():
-            name = _CHAT_NAMES.get(key)
+            name = CHAT_NAMES.get(key)
             if name is not None:
                 payload.setdefault(name, value)
         # TITO: ids and log-probs of this turn only; logprob_start_len=0 would make the
@@ -556,12 +491,12 @@ class SessionServer:
             finished = True
             self._counts["engine_errors"] += 1
             session.engine_errors += 1
-            raise _Reply(_passthrough(exc)) from exc
+            raise _Reply(passthrough(exc)) from exc
         except EngineError as exc:
             finished = True
             self._counts["engine_errors"] += 1
             session.engine_errors += 1
-            raise _Reply(_error(502, f"engine failed: {exc}", "upstream_error")) from exc
+            raise _Reply(error_response(502, f"engine failed: {exc}", "upstream_error")) from exc
         finally:
             if not finished and url:
                 # The agent went away (or the request was cancelled): stop the generation.
@@ -576,7 +511,9 @@ class SessionServer:
             self._counts["engine_errors"] += 1
             session.engine_errors += 1
             raise _Reply(
-                _error(502, f"engine {url} answered non-JSON to rid {rid}", "upstream_error")
+                error_response(
+                    502, f"engine {url} answered non-JSON to rid {rid}", "upstream_error"
+                )
             ) from exc
 
     async def _abort_rid(self, url: str, rid: str) -> None:
@@ -591,7 +528,7 @@ class SessionServer:
     async def _answer(
         self, request: web.Request, answer: dict[str, Any], stream: bool, large: bool = False
     ) -> web.StreamResponse:
-        payload = _as_chunk(answer) if stream else answer
+        payload = as_chunk(answer) if stream else answer
         if large:
             # Thousands of per-token log-prob entries take tens of ms to encode.
             text = await anyio.to_thread.run_sync(json.dumps, payload)
@@ -607,78 +544,3 @@ class SessionServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-
-def _for_agent(answer: dict[str, Any]) -> dict[str, Any]:
-    """The engine's answer as the agent sees it: everything kept (extra fields are ignored
-    by OpenAI clients), so agents that read ids or meta_info can."""
-    return answer
-
-
-def _as_chunk(answer: dict[str, Any]) -> dict[str, Any]:
-    choices = []
-    for choice in answer.get("choices", []):
-        message = dict(choice.get("message") or {})
-        tool_calls = message.get("tool_calls")
-        if tool_calls:
-            message["tool_calls"] = [{**call, "index": i} for i, call in enumerate(tool_calls)]
-        choices.append(
-            {
-                "index": choice.get("index", 0),
-                "delta": message,
-                "logprobs": choice.get("logprobs"),
-                "finish_reason": choice.get("finish_reason"),
-            }
-        )
-    chunk = {k: v for k, v in answer.items() if k != "choices"}
-    chunk.update(object="chat.completion.chunk", choices=choices)
-    return chunk
-
-
-def _abort_answer(model: str) -> dict[str, Any]:
-    return {
-        "id": uuid.uuid4().hex,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": "abort",
-            }
-        ],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-    }
-
-
-def _error(
-    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
-) -> web.Response:
-    payload = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.json_response(payload, status=status)
-
-
-def _too_large(size: int | None, limit: int) -> web.Response:
-    got = f"{size} bytes" if size is not None else "more"
-    return _error(
-        413,
-        f"request body is {got}, over the session server's limit of {limit} bytes; send less "
-        "history or raise SessionServerConfig.max_body_bytes",
-    )
-
-
-def _passthrough(exc: EngineStatusError) -> web.Response:
-    """A non-2xx engine answer, passed to the agent with its status."""
-    try:
-        payload = json.loads(exc.body_excerpt)
-    except ValueError:
-        payload = None
-    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        return web.json_response(payload, status=exc.status)
-    message = payload.get("message") if isinstance(payload, dict) else None
-    text = message if isinstance(message, str) else exc.body_excerpt
-    return _error(
-        exc.status, f"engine {exc.url} answered HTTP {exc.status}: {text}", "upstream_error"
-    )

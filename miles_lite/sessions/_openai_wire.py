@@ -1,0 +1,117 @@
+"""The OpenAI side of the session server: error bodies, chunks, abort answers.
+
+Pure functions over JSON and ``aiohttp.web`` responses, in the shapes OpenAI clients read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from miles_lite.errors import EngineStatusError
+
+__all__ = [
+    "CHAT_NAMES",
+    "abort_answer",
+    "as_chunk",
+    "error_response",
+    "for_agent",
+    "passthrough",
+    "too_large",
+]
+
+#: /generate sampling keys and their names on /v1/chat/completions.
+CHAT_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "ignore_eos": "ignore_eos",
+}
+
+
+def for_agent(answer: dict[str, Any]) -> dict[str, Any]:
+    """The engine's answer as the agent sees it: everything kept (extra fields are ignored
+    by OpenAI clients), so agents that read ids or meta_info can."""
+    return answer
+
+
+def as_chunk(answer: dict[str, Any]) -> dict[str, Any]:
+    choices = []
+    for choice in answer.get("choices", []):
+        message = dict(choice.get("message") or {})
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            message["tool_calls"] = [{**call, "index": i} for i, call in enumerate(tool_calls)]
+        choices.append(
+            {
+                "index": choice.get("index", 0),
+                "delta": message,
+                "logprobs": choice.get("logprobs"),
+                "finish_reason": choice.get("finish_reason"),
+            }
+        )
+    chunk = {k: v for k, v in answer.items() if k != "choices"}
+    chunk.update(object="chat.completion.chunk", choices=choices)
+    return chunk
+
+
+def abort_answer(model: str) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": "abort",
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+def error_response(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> web.Response:
+    payload = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.json_response(payload, status=status)
+
+
+def too_large(size: int | None, limit: int) -> web.Response:
+    got = f"{size} bytes" if size is not None else "more"
+    return error_response(
+        413,
+        f"request body is {got}, over the session server's limit of {limit} bytes; send less "
+        "history or raise SessionServerConfig.max_body_bytes",
+    )
+
+
+def passthrough(exc: EngineStatusError) -> web.Response:
+    """A non-2xx engine answer, passed to the agent with its status."""
+    try:
+        payload = json.loads(exc.body_excerpt)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        return web.json_response(payload, status=exc.status)
+    message = payload.get("message") if isinstance(payload, dict) else None
+    text = message if isinstance(message, str) else exc.body_excerpt
+    return error_response(
+        exc.status, f"engine {exc.url} answered HTTP {exc.status}: {text}", "upstream_error"
+    )
