@@ -28,6 +28,7 @@ import anyio
 
 from miles_lite.errors import ConfigError, GenerateError, ToolError
 from miles_lite.generate.contract import GenerateFnInput, load_function, load_object
+from miles_lite.generate.single_turn import max_new_tokens_of, no_room_reason
 from miles_lite.generate.text_request import (
     append_env_tokens,
     apply_generate_answer,
@@ -122,7 +123,7 @@ async def generate(input: GenerateFnInput) -> Sample:
     _reset(sample)
     sample.tokens = await _encode(state, await _render(state, messages, tools, True))
     params: dict[str, Any] = dict(input.sampling_params)
-    max_new = int(params.get("max_new_tokens", 0))
+    max_new = max_new_tokens_of(params)
     span = input.span
     span.generate_start = time.monotonic()
     for _turn in range(options.max_turns):
@@ -134,7 +135,7 @@ async def generate(input: GenerateFnInput) -> Sample:
             budget = min(budget, state.max_context_len - len(sample.tokens))
         if budget <= 0:
             sample.status = SampleStatus.TRUNCATED
-            sample.metadata["truncated_reason"] = "context_full"
+            sample.metadata["truncated_reason"] = no_room_reason(state, sample)
             break
         payload = build_generate_payload(
             sample, sample.tokens, {**params, "max_new_tokens": budget}

@@ -5,8 +5,10 @@ a token prompt (``sample.tokens`` given with ``response_length == 0``) is sent a
 a multimodal prompt (``sample.multimodal_inputs["images"]`` and a ``state.processor``)
 goes through the processor and its images go as ``image_data``.
 An ABORTED sample (partial rollout) continues from its tokens with what is left of its
-budget. A prompt that leaves no room in the context is never sent: the sample ends
-TRUNCATED with ``metadata["truncated_reason"] = "prompt_too_long"``.
+budget. A sample with no room left is never sent: it ends TRUNCATED with
+``metadata["truncated_reason"]`` ``"prompt_too_long"`` (the prompt fills the context),
+``"context_full"`` (prompt and output do) or ``"budget_spent"`` (``max_new_tokens``
+already generated).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from miles_lite.errors import SamplingParamsError
 from miles_lite.generate.contract import GenerateFnInput
 from miles_lite.generate.text_request import (
     apply_generate_answer,
@@ -26,7 +29,7 @@ from miles_lite.generate.text_request import (
 from miles_lite.generate.text_state import TextState
 from miles_lite.types import Sample, SampleStatus
 
-__all__ = ["generate", "output_budget"]
+__all__ = ["generate", "max_new_tokens_of", "no_room_reason", "output_budget"]
 
 
 def output_budget(state: TextState, sample: Sample, max_new_tokens: int) -> int:
@@ -35,6 +38,25 @@ def output_budget(state: TextState, sample: Sample, max_new_tokens: int) -> int:
     if state.max_context_len is not None:
         left = min(left, state.max_context_len - len(sample.tokens))
     return left
+
+
+def no_room_reason(state: TextState, sample: Sample) -> str:
+    """Why :func:`output_budget` is spent: the context (before or after some output), or
+    the budget."""
+    if state.max_context_len is not None and len(sample.tokens) >= state.max_context_len:
+        return "prompt_too_long" if sample.response_length == 0 else "context_full"
+    return "budget_spent"
+
+
+def max_new_tokens_of(params: dict[str, Any]) -> int:
+    """The request's ``max_new_tokens``; SamplingParamsError when it is missing or not an
+    int >= 0 (the whole budget of a sample, so it is never left to the engine's default)."""
+    value = params.get("max_new_tokens")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SamplingParamsError(
+            f"sampling key 'max_new_tokens' must be an int >= 0, got {value!r}"
+        )
+    return value
 
 
 async def generate(input: GenerateFnInput) -> Sample:
@@ -47,11 +69,10 @@ async def generate(input: GenerateFnInput) -> Sample:
     if not resuming:
         sample.tokens = await sample_prompt_ids(state, sample)
     params: dict[str, Any] = dict(input.sampling_params)
-    budget = output_budget(state, sample, int(params.get("max_new_tokens", 0)))
+    budget = output_budget(state, sample, max_new_tokens_of(params))
     if budget <= 0:
         sample.status = SampleStatus.TRUNCATED
-        reason = "prompt_too_long" if sample.response_length == 0 else "budget_spent"
-        sample.metadata["truncated_reason"] = reason
+        sample.metadata["truncated_reason"] = no_room_reason(state, sample)
         return sample
     if state.stopping:
         sample.status = SampleStatus.ABORTED  # early stop: never sent

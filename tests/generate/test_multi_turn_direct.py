@@ -109,7 +109,7 @@ async def test_each_turn_gets_only_the_room_the_context_leaves(text_state: OpenS
     )
     assert len(sample.tokens) <= context
     assert full.status is SampleStatus.TRUNCATED
-    assert full.metadata["truncated_reason"] == "context_full"
+    assert full.metadata["truncated_reason"] == "prompt_too_long"
     assert len(engine.stats.requests) == 2
 
 

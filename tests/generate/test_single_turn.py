@@ -241,3 +241,18 @@ async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer:
             await engine.aclose()
     assert len(engine.stats.requests) == 2
     assert attempts in (3, 4)  # refused attempts at the dead engine, retried on the live one
+
+
+async def test_the_truncation_reason_says_what_ran_out(text_state: OpenState) -> None:
+    partial = dict(tokens=list(range(10)), response_length=4, loss_mask=[1] * 4)
+    async with text_state(max_context_len=10) as (state, engine):
+        full = await single_turn.generate(
+            _input(Sample(status=SampleStatus.ABORTED, **partial), state)  # type: ignore[arg-type]
+        )
+        with pytest.raises(SamplingParamsError, match="'max_new_tokens' must be an int >= 0"):
+            inp = _input(Sample(prompt="x"), state)
+            del inp.sampling_params["max_new_tokens"]
+            await single_turn.generate(inp)
+    assert full.status is SampleStatus.TRUNCATED
+    assert full.metadata["truncated_reason"] == "context_full"
+    assert engine.stats.requests == []
