@@ -17,6 +17,7 @@
     │   └── ArenaFullError                   no room within the wait (rollouts spill instead)
     ├── WorkerError                          a pool worker failed
     │   ├── WorkerCrashedError               the worker process died
+    │   ├── WorkerTimeoutError               a call ran past its timeout: worker replaced
     │   └── WorkerTaskError                  the function raised; carries the remote traceback
     ├── RewardError                          a reward function failed
     ├── FilterError                          a dynamic filter raised: its group is dropped
@@ -58,6 +59,7 @@ __all__ = [
     "WorkerCrashedError",
     "WorkerError",
     "WorkerTaskError",
+    "WorkerTimeoutError",
 ]
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
@@ -223,6 +225,14 @@ class WorkerError(MilesLiteError):
 
 class WorkerCrashedError(WorkerError):
     """Raised when a worker process dies while running a call; the worker is replaced."""
+
+
+class WorkerTimeoutError(WorkerError):
+    """Raised when a call runs past its timeout in a worker; the worker is killed and
+    replaced, so that a hung function never holds a worker (or a rollout) for good.
+
+    Usage: ``await pool.run(fn, timeout_s=300.0)`` raises it after 300 s.
+    """
 
 
 class WorkerTaskError(WorkerError):

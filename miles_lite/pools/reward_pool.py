@@ -14,13 +14,14 @@ API pool: the scorer) already had in flight; a call counts until its scores retu
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import cloudpickle
 
-from miles_lite.errors import MilesLiteError, RewardError
+from miles_lite.errors import ConfigError, MilesLiteError, RewardError, WorkerTimeoutError
 from miles_lite.pools.arena import Arena
 from miles_lite.pools.arena_pages import ArenaHandle, ArenaTensor
 from miles_lite.pools.worker_arena import WorkerArena
@@ -36,6 +37,9 @@ from miles_lite.types import Sample
 __all__ = ["ApiRewardPool", "RewardFn", "RewardPool", "RewardPoolLike", "reward_view"]
 
 RewardFn = Callable[[list[Sample]], list[Any]]
+
+#: Default seconds one reward call may run before its worker is killed and replaced.
+DEFAULT_REWARD_TIMEOUT_S = 300.0
 
 
 class RewardPoolLike(Protocol):
@@ -111,7 +115,11 @@ class RewardPool:
 
     ``fn`` is pickled once (cloudpickle) and installed in every worker when it starts.
     With ``arena`` (a parser pool's), workers attach to it and outputs lying in it reach
-    them without a copy.
+    them without a copy. Samples without tensors (text rollouts) are scored as they are.
+
+    ``timeout_s`` bounds one call (seconds, default 300): a reward still running then has
+    its worker killed and replaced, and the call raises :class:`RewardError` naming the
+    timeout, so a hung reward never hangs the rollout.
     """
 
     def __init__(
@@ -123,10 +131,15 @@ class RewardPool:
         executor_factory: ExecutorFactory | None = None,
         start_method: str = "forkserver",
         arena: Arena | None = None,
+        timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
     ) -> None:
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ConfigError(f"RewardPool.timeout_s must be a finite number > 0, got {timeout_s}")
         self.name = name
         self.fn = fn
         self.arena = arena
+        self.timeout_s = timeout_s
+        self._fn_name = getattr(fn, "__qualname__", None) or type(fn).__name__
         blob = cloudpickle.dumps(fn)
         handle = arena.handle if arena is not None else None
         self._pool = WorkerPool(
@@ -160,14 +173,23 @@ class RewardPool:
         """Score ``samples`` in one worker call; one float or dict per sample, in order.
 
         Raises :class:`RewardError` (with the cause) when the function raises, returns the
-        wrong number of scores, or its worker dies.
+        wrong number of scores or a NaN/inf, runs past ``timeout_s``, or its worker dies.
         """
         views = [reward_view(s, self.arena) for s in samples]
         try:
             # The samples stay referenced until a cancelled call ends: the worker reads them.
-            scores = await self._pool.run(_score, views, after_cancel=_Keep(samples))
+            scores = await self._pool.run(
+                _score, views, after_cancel=_Keep(samples), timeout_s=self.timeout_s
+            )
+        except WorkerTimeoutError as exc:
+            raise RewardError(
+                f"reward {self.name!r} ({self._fn_name}) did not return within its timeout "
+                f"of {self.timeout_s} s (RewardPool timeout_s); its worker was replaced"
+            ) from exc
         except MilesLiteError as exc:
-            raise RewardError(f"reward {self.name!r} failed: {exc}") from exc
+            # Name the user's function: the pool's own wrapper (_score) means nothing to them.
+            message = str(exc).replace("'_score'", repr(self._fn_name))
+            raise RewardError(f"reward {self.name!r} ({self._fn_name}) failed: {message}") from exc
         return _checked(self.name, scores, samples)
 
 
@@ -219,7 +241,15 @@ def _checked(name: str, scores: list[Any], samples: list[Sample]) -> list[float 
             f"reward {name!r} returned {len(scores)} scores for {len(samples)} samples "
             f"(indices {[s.index for s in samples]})"
         )
-    for score in scores:
+    for score, sample in zip(scores, samples, strict=True):
         if isinstance(score, bool) or not isinstance(score, int | float | dict):
             raise RewardError(f"reward {name!r} returned {score!r}; want a float or a dict")
+        values = score.values() if isinstance(score, dict) else [score]
+        for value in values:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise RewardError(
+                    f"reward {name!r} returned {value!r} for sample {sample.index} "
+                    f"(group {sample.group_index}): a reward must be finite",
+                    request_id=sample.request_id,
+                )
     return [float(s) if not isinstance(s, dict) else s for s in scores]

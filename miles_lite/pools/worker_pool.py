@@ -1,19 +1,27 @@
-"""N single-process executors with round-robin dispatch, queue-depth accounting and crash recovery.
+"""N single-process executors with least-loaded dispatch, queue-depth accounting and crash recovery.
 
 Each worker is its own ``concurrent.futures.Executor`` holding one process, so a call can be
 sent to a chosen worker, the calls in flight per worker can be counted, and a crashed
 worker can be replaced without disturbing the others. The executor is injectable: a
 factory ``(initializer, initargs) -> Executor`` of one-process executors
-(``ProcessPoolExecutor`` with forkserver by default, or spawn).
+(``ProcessPoolExecutor`` with forkserver by default, or spawn; any other
+``concurrent.futures.Executor`` works too, e.g. a one-thread ``ThreadPoolExecutor``).
+
+Workers die with the process that owns the pool: each sets a parent-death signal and
+watches the owner's pid from a thread, so a SIGKILLed driver leaves no worker behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import multiprocessing
 import os
+import signal
 import sys
+import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -30,6 +38,7 @@ from miles_lite.errors import (
     MilesLiteError,
     WorkerCrashedError,
     WorkerTaskError,
+    WorkerTimeoutError,
 )
 
 __all__ = [
@@ -100,7 +109,9 @@ class PoolWindows:
         try:
             yield window
         finally:
-            self._open.remove(window)
+            # By identity: two equal windows (two rollouts sharing the pool) are not the
+            # same window, and list.remove would drop the first equal one.
+            self._open = [w for w in self._open if w is not window]
 
     def dispatched(self, depth: int) -> None:
         """A call was dispatched to a worker that had ``depth`` calls in flight."""
@@ -114,7 +125,65 @@ class PoolWindows:
             window.crashes += 1
 
 
-def _init_worker(user_init: Callable[..., None] | None, nice: int, index: int, *args: Any) -> None:
+#: Seconds between two checks that the pool's owner still lives.
+OWNER_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(owner_pid: int) -> None:
+    """Make this worker die with the process that owns its pool.
+
+    The parent-death signal covers a worker whose parent is the owner (spawn) or the
+    fork server (which exits when the owner does); the watchdog thread covers the rest
+    (a fork server kept alive by something else). A worker that outlives its owner holds
+    the arena and the owner's stdout, so ``$(python job.py)`` would never return.
+    """
+    if not sys.platform.startswith("linux") or owner_pid == os.getpid():
+        return  # a thread executor runs in the owner itself
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the watchdog still covers it
+
+    def watch() -> None:
+        while True:
+            time.sleep(OWNER_POLL_S)
+            try:
+                os.kill(owner_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass  # alive, another user's (cannot be ours; keep watching)
+
+    threading.Thread(target=watch, name="miles-lite-owner-watch", daemon=True).start()
+    if not _alive(owner_pid):
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _init_worker(
+    user_init: Callable[..., None] | None,
+    nice: int,
+    owner_pid: int,
+    index: int,
+    *args: Any,
+) -> None:
+    if owner_pid == os.getpid():
+        # An in-process executor (threads): the settings below would change the owner.
+        if user_init is not None:
+            user_init(index, *args)
+        return
+    _die_with(owner_pid)
     # The event loop is latency-bound, workers throughput-bound: under contention for the
     # cores, the loop's process is scheduled first.
     if nice:
@@ -179,7 +248,9 @@ def _portable(fn: Callable[..., T]) -> tuple[Callable[..., Any], tuple[Any, ...]
 
 
 class WorkerPool:
-    """``workers`` single-process executors, used round-robin.
+    """``workers`` single-process executors; a call goes to the least loaded worker
+    (ties in round-robin order), so a long call (a generation fetched in a worker) never
+    queues new work behind it while another worker idles.
 
     ``initializer(index, *initargs_for(index))`` runs in worker ``index`` when it starts
     (and again in its replacement after a crash). ``on_crash(index)`` runs in the main
@@ -212,11 +283,19 @@ class WorkerPool:
         self._nice = nice
         self._executors: list[Executor] = []
         self._in_flight = [0] * workers
+        # A call's slot is given back when the call really ends in its worker (a
+        # cancelled call runs on), from the executor's thread: hence the lock. The
+        # generation tells a late end on a replaced worker from one on its successor.
+        self._count_lock = threading.Lock()
+        self._generation = [0] * workers
         self._next = 0
         self._windows = PoolWindows()
         self._started = False
         self._closed = False
         self._cold: set[int] = set()
+        # Replaced executors are kept until aclose drops them in a thread: dropping one
+        # runs multiprocessing finalizers that write to the resource tracker (blocking).
+        self._retired: list[Executor] = []
         self.crashes = 0
 
     async def __aenter__(self) -> WorkerPool:
@@ -251,7 +330,7 @@ class WorkerPool:
 
     def _make(self, index: int) -> Executor:
         return self._factory(
-            functools.partial(_init_worker, self._initializer, self._nice, index),
+            functools.partial(_init_worker, self._initializer, self._nice, os.getpid(), index),
             self._initargs_for(index),
         )
 
@@ -265,8 +344,10 @@ class WorkerPool:
         return self._windows.measure()
 
     def pick(self) -> int:
-        """The next worker in round-robin order."""
-        index = self._next
+        """The least loaded worker; among equals, the next in round-robin order."""
+        start = self._next
+        order = [(start + k) % self.workers for k in range(self.workers)]
+        index = min(order, key=lambda i: self._in_flight[i])
         self._next = (index + 1) % self.workers
         return index
 
@@ -275,9 +356,12 @@ class WorkerPool:
         fn: Callable[..., T],
         *args: Any,
         after_cancel: Callable[[T | None], None] | None = None,
+        timeout_s: float | None = None,
     ) -> T:
-        """Run ``fn(*args)`` on the next worker (round-robin); see :meth:`run_on`."""
-        return await self.run_on(self.pick(), fn, *args, after_cancel=after_cancel)
+        """Run ``fn(*args)`` on the least loaded worker (see :meth:`pick`, :meth:`run_on`)."""
+        return await self.run_on(
+            self.pick(), fn, *args, after_cancel=after_cancel, timeout_s=timeout_s
+        )
 
     async def run_on(
         self,
@@ -285,58 +369,117 @@ class WorkerPool:
         fn: Callable[..., T],
         *args: Any,
         after_cancel: Callable[[T | None], None] | None = None,
+        timeout_s: float | None = None,
     ) -> T:
         """Run ``fn(*args)`` on worker ``index`` and return its result.
 
         Raises the function's own :class:`MilesLiteError` unchanged, any other exception
         as :class:`WorkerTaskError` with the remote traceback, and
-        :class:`WorkerCrashedError` when the worker died (it is replaced). On
-        cancellation a call that already started runs on; ``after_cancel`` is then called
-        (in another thread) when it ends, with its result or None if it failed or never
-        ran, to release what the call holds.
+        :class:`WorkerCrashedError` when the worker died (it is replaced, also when its
+        replacement dies while starting). With ``timeout_s``, a call still running then
+        gets its worker killed and replaced, and raises :class:`WorkerTimeoutError`.
+        On cancellation a call that already started runs on, and still counts as in
+        flight on its worker until it ends; ``after_cancel`` is then called (in another
+        thread) with its result, or None if it failed or never ran, to release what the
+        call holds.
         """
         if self._closed:
             raise ClosedResourceError(f"pool {self.name!r} is closed")
         if not self._started:
             await self.start()
+        name = getattr(fn, "__name__", repr(fn))
         if index in self._cold:
             # A replacement after a crash: start it off the loop before using it.
             self._cold.discard(index)
-            await anyio.to_thread.run_sync(self._wait_started, [index])
+            executor = self._executors[index]
+            try:
+                await anyio.to_thread.run_sync(self._wait_started, [index])
+            except BrokenProcessPool as exc:
+                self._replace(index, executor)
+                raise WorkerCrashedError(
+                    f"the replacement of worker {index} of pool {self.name!r} died while "
+                    f"starting (before running {name!r}); it was replaced again"
+                ) from exc
         executor = self._executors[index]
         depth = self._in_flight[index]
         self._windows.dispatched(depth)
-        self._in_flight[index] += 1
+        generation = self._generation[index]
+        with self._count_lock:
+            self._in_flight[index] += 1
         call, extra = _portable(fn)
         future: Future[T] | None = None
         try:
             try:
                 future = executor.submit(call, *extra, *args)
-                return await asyncio.wrap_future(future)
+                with anyio.fail_after(timeout_s):
+                    return await asyncio.wrap_future(future)
+            except TimeoutError as exc:
+                if future is not None and future.done():
+                    # The function's own TimeoutError, not our deadline.
+                    raise WorkerTaskError(
+                        f"{name!r} raised TimeoutError: {exc} (pool {self.name!r}, worker {index})",
+                        remote_traceback=str(exc.__cause__ or ""),
+                    ) from exc
+                # Kill before replacing: shutdown forgets the executor's processes.
+                processes = list((getattr(executor, "_processes", None) or {}).values())
+                for proc in processes:
+                    proc.kill()
+                self._replace(index, executor)
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_join_all, processes)
+                raise WorkerTimeoutError(
+                    f"{name!r} ran past its timeout of {timeout_s} s in worker {index} of "
+                    f"pool {self.name!r}; the worker was killed and replaced"
+                ) from exc
             except BrokenProcessPool as exc:
                 self._replace(index, executor)
                 raise WorkerCrashedError(
                     f"worker {index} of pool {self.name!r} died while running "
-                    f"{getattr(fn, '__name__', fn)!r}; it was replaced"
+                    f"{name!r}; it was replaced"
                 ) from exc
             except MilesLiteError:
                 raise
             except Exception as exc:
                 cause = exc.__cause__
                 raise WorkerTaskError(
-                    f"{getattr(fn, '__name__', fn)!r} raised {type(exc).__name__}: {exc} "
+                    f"{name!r} raised {type(exc).__name__}: {exc} "
                     f"(pool {self.name!r}, worker {index})",
                     remote_traceback=str(cause) if cause is not None else "",
                 ) from exc
         finally:
-            self._in_flight[index] -= 1
-            if future is not None and not future.done() and after_cancel is not None:
-                future.add_done_callback(functools.partial(_deliver_late, after_cancel))
+            if future is None or future.done():
+                self._call_ended(index, generation)
+            else:
+                # Cancelled while the call runs on: the worker is busy until it ends.
+                future.add_done_callback(
+                    functools.partial(self._late_end, index, generation, after_cancel)
+                )
+
+    def _call_ended(self, index: int, generation: int) -> None:
+        with self._count_lock:
+            if self._generation[index] == generation:
+                self._in_flight[index] -= 1
+
+    def _late_end(
+        self,
+        index: int,
+        generation: int,
+        after_cancel: Callable[[Any], None] | None,
+        future: Future[Any],
+    ) -> None:
+        self._call_ended(index, generation)
+        if after_cancel is not None:
+            _deliver_late(after_cancel, future)
 
     def _replace(self, index: int, broken: Executor) -> None:
         if self._closed or self._executors[index] is not broken:
             return  # already replaced by another call that saw the same crash
         broken.shutdown(wait=False, cancel_futures=True)
+        self._retired.append(broken)
+        with self._count_lock:
+            # Calls still counted on the dead worker never end there: start afresh.
+            self._generation[index] += 1
+            self._in_flight[index] = 0
         self.crashes += 1
         self._windows.crashed()
         if self._on_crash is not None:
@@ -349,7 +492,8 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        executors, self._executors = self._executors, []
+        executors, self._executors = self._executors + self._retired, []
+        self._retired = []
         with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_GRACE_S):
             await anyio.to_thread.run_sync(_shutdown_all, executors, abandon_on_cancel=True)
         _kill_leftovers(executors)
@@ -358,6 +502,11 @@ class WorkerPool:
 def _deliver_late(callback: Callable[[Any], None], future: Future[Any]) -> None:
     ok = not future.cancelled() and future.exception() is None
     callback(future.result() if ok else None)
+
+
+def _join_all(processes: list[Any]) -> None:
+    for proc in processes:
+        proc.join(5)
 
 
 def _shutdown_all(executors: list[Executor]) -> None:
