@@ -256,3 +256,12 @@ async def test_the_truncation_reason_says_what_ran_out(text_state: OpenState) ->
     assert full.status is SampleStatus.TRUNCATED
     assert full.metadata["truncated_reason"] == "context_full"
     assert engine.stats.requests == []
+
+
+def test_the_benchmark_flags_become_options() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    benchmark.generate.add_arguments(parser)  # type: ignore[attr-defined]
+    args = parser.parse_args(["--benchmark-min-new-tokens", "4", "--benchmark-max-new-tokens", "8"])
+    assert vars(args) == {"benchmark_min_new_tokens": 4, "benchmark_max_new_tokens": 8}

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from miles_lite.errors import (
     ConfigError,
@@ -238,3 +240,42 @@ def test_in_flight_requests_track_and_forget() -> None:
     with pytest.raises(RuntimeError), in_flight.track("c"):
         raise RuntimeError("the request failed")
     assert in_flight.rids() == []
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("model"), st.integers(0, 6), st.sampled_from(["stop", "length"])),
+            st.tuples(st.just("env"), st.integers(0, 6), st.just("")),
+        ),
+        max_size=8,
+    ),
+    st.integers(0, 5),
+)
+def test_any_mix_of_model_and_env_turns_keeps_the_invariants(
+    turns: list[tuple[str, int, str]], prompt_len: int
+) -> None:
+    sample = Sample(tokens=list(range(prompt_len)))
+    expected_mask: list[int] = []
+    for kind, n, finish in turns:
+        ids = list(range(100, 100 + n))
+        if kind == "model":
+            answer = {
+                "text": "x" * n,
+                "output_ids": ids,
+                "meta_info": {
+                    "id": "r",
+                    "finish_reason": {"type": finish},
+                    "output_token_logprobs": [[-0.25, i, None] for i in ids],
+                    "weight_version": "1",
+                },
+            }
+            apply_generate_answer(sample, answer)
+            expected_mask += [1] * n
+        else:
+            append_env_tokens(sample, ids)
+            expected_mask += [0] * n
+        sample.validate()
+    assert (sample.loss_mask or []) == expected_mask
+    assert len(sample.tokens) == prompt_len + sample.response_length
+    assert [lp == 0.0 for lp in sample.rollout_log_probs or []] == [m == 0 for m in expected_mask]
