@@ -270,6 +270,7 @@ class EngineClient:
                 read_bufsize=config.read_chunk_bytes,
                 raise_for_status=False,
                 trust_env=False,
+                headers=dict(config.headers),
             )
         return self._session
 

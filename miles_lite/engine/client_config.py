@@ -44,6 +44,9 @@ class EngineClientConfig:
     read_chunk_bytes: int = 1 << 20
     #: Which failures are tried again, and the backoff between tries.
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: Extra headers sent with every request, as (name, value) pairs (e.g. an
+    #: ``Authorization`` for a reward API); a tuple so that the config stays immutable.
+    headers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         _positive_time("connect_timeout_s", self.connect_timeout_s, optional=False)
@@ -68,6 +71,15 @@ class EngineClientConfig:
             )
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(f"retry must be a RetryPolicy, got {self.retry!r}")
+        if not isinstance(self.headers, tuple) or not all(
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and all(isinstance(part, str) for part in pair)
+            for pair in self.headers
+        ):
+            raise ConfigError(
+                f"headers must be a tuple of (name, value) string pairs, got {self.headers!r}"
+            )
 
 
 def _positive_time(name: str, value: object, *, optional: bool) -> None:

@@ -1,29 +1,37 @@
-"""A remote reward scorer: one aiohttp client posting batches of samples to a scoring API."""
+"""A remote reward scorer: the engine layer's client posting batches of samples to a scoring API."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 import anyio
 
-from miles_lite.errors import RETRYABLE_STATUSES, ClosedResourceError, ConfigError, RewardError
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.client_config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.errors import (
+    BodyTooLargeError,
+    ClosedResourceError,
+    ConfigError,
+    EngineError,
+    EngineStatusError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    MilesLiteError,
+    RewardError,
+)
 
 if TYPE_CHECKING:
     from miles_lite.types import Sample
 
 __all__ = ["ApiScorer", "ApiScorerStatistics", "decode_scores", "encode_samples"]
 
-#: A connect-phase timeout: nothing reached the server, so a retry is safe (aiohttp >= 3.10).
-_CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
-    t for t in (getattr(aiohttp, "ConnectionTimeoutError", None),) if t is not None
-)
 _EXCERPT_BYTES = 300
 
 
@@ -94,12 +102,13 @@ class ApiScorer:
     numbers (returned as float) or dicts. ``encode``/``decode`` run on the event loop: keep
     them cheap.
 
-    One ``aiohttp.ClientSession`` (connector limit ``max_concurrency``, total timeout
-    ``timeout_s`` seconds, connect timeout ``connect_timeout_s``), opened on first use.
-    A 502/503/504 answer or a connection error (refused, reset, connect timeout) is retried
-    up to ``max_retries`` times, after ``retry_backoff_s * 2**attempt`` seconds; the call
-    keeps its slot meanwhile. Nothing else is retried: a timeout once the request is sent,
-    another status, a malformed answer. Usage::
+    One :class:`~miles_lite.engine.EngineClient` (connections ``max_concurrency``, total
+    timeout ``timeout_s`` seconds, connect timeout ``connect_timeout_s``, ``headers`` on
+    every request), so its transport errors and its retry policy are the engines': what
+    never reached the server (refused, DNS, connect timeout) and 502/503/504 answers are
+    retried up to ``max_retries`` times, after ``retry_backoff_s * 2**attempt`` seconds; the
+    call keeps its slot meanwhile. Nothing else is retried: a timeout or a reset once the
+    request is sent, another status, a malformed answer. Every 2xx is accepted. Usage::
 
         async with ApiScorer("http://rm:8000/score", max_concurrency=16) as scorer:
             scores = await scorer.score(samples)
@@ -147,7 +156,28 @@ class ApiScorer:
         self.headers = dict(headers or {})
         self._encode = encode
         self._decode = decode
-        self._session: aiohttp.ClientSession | None = None
+        # The engine layer's client: one transport-error translation and one retry policy.
+        parts = urlsplit(url)
+        self._base = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+        self._path = urlunsplit(("", "", parts.path or "/", parts.query, ""))
+        self._client = EngineClient(
+            EngineClientConfig(
+                connect_timeout_s=connect_timeout_s,
+                read_timeout_s=None,
+                total_timeout_s=timeout_s,
+                max_connections=max_concurrency,
+                max_connections_per_host=max_concurrency,
+                max_body_bytes=max_response_bytes,
+                retry=RetryPolicy(
+                    max_attempts=max_retries + 1,
+                    backoff_initial_s=retry_backoff_s,
+                    backoff_max_s=retry_backoff_s * 2 ** min(max_retries, 30),
+                    jitter=0.0,
+                ),
+                headers=tuple((str(k), str(v)) for k, v in (headers or {}).items()),
+            )
+        )
+        self._retries_before = 0
         self._limiter = anyio.Semaphore(max_concurrency)
         self._closed = False
         self._outstanding = 0
@@ -172,10 +202,8 @@ class ApiScorer:
         Shielded from cancellation and bounded (5 s). Calls still in flight fail.
         """
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await session.close()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await self._client.aclose()
 
     def stats(self) -> ApiScorerStatistics:
         """A snapshot of the queue-depth and retry counters (see :class:`ApiScorerStatistics`)."""
@@ -185,7 +213,7 @@ class ApiScorer:
             max_waiting=self._max_waiting,
             in_flight=self._in_flight,
             waiting=self._outstanding - self._in_flight,
-            retries=self._retries,
+            retries=self._client.stats.retries - self._retries_before,
             failures=self._failures,
         )
 
@@ -194,7 +222,7 @@ class ApiScorer:
         self._calls = 0
         self._max_depth = 0
         self._max_waiting = 0
-        self._retries = 0
+        self._retries_before = self._client.stats.retries if hasattr(self, "_client") else 0
         self._failures = 0
 
     async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
@@ -212,26 +240,23 @@ class ApiScorer:
         if not samples:
             return []
         where = _indices(samples)
-        try:
-            body = json.dumps(self._encode(samples)).encode()
-        except (TypeError, ValueError) as exc:
-            self._failures += 1
-            raise RewardError(
-                f"reward API request for {where} is not JSON-serializable ({exc}); pass encode= "
-                "to ApiScorer to build a JSON body",
-                url=self.url,
-            ) from exc
-        session = self._open()
+        client = self._open()
 
         self._calls += 1
         self._max_depth = max(self._max_depth, self._outstanding)
         self._outstanding += 1
         self._max_waiting = max(self._max_waiting, self._outstanding - self.max_concurrency)
         try:
+            try:
+                payload = self._encode(samples)
+            except (TypeError, ValueError) as exc:
+                raise RewardError(
+                    f"reward API request for {where} could not be encoded ({exc!r})", url=self.url
+                ) from exc
             async with self._limiter:
                 self._in_flight += 1
                 try:
-                    answer = await self._post(session, body, where)
+                    answer = await self._post(client, payload, where)
                 finally:
                     self._in_flight -= 1
             return self._scores(answer, samples, where)
@@ -241,86 +266,60 @@ class ApiScorer:
         finally:
             self._outstanding -= 1
 
-    def _open(self) -> aiohttp.ClientSession:
+    def _open(self) -> EngineClient:
         if self._closed:
             raise ClosedResourceError(f"ApiScorer for {self.url} is closed; make a new one")
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.max_concurrency, limit_per_host=self.max_concurrency
-                ),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=self.connect_timeout_s),
-                headers=self.headers,
-            )
-        return self._session
+        return self._client
 
-    async def _post(self, session: aiohttp.ClientSession, body: bytes, where: str) -> Any:
-        """One POST with the bounded retries; returns the parsed JSON answer."""
-        attempt = 0
-        while True:
-            if self._closed:
-                raise ClosedResourceError(
-                    f"ApiScorer for {self.url} was closed during a call for {where}"
-                )
-            try:
-                async with session.post(
-                    self.url, data=body, headers={"Content-Type": "application/json"}
-                ) as resp:
-                    if resp.status in RETRYABLE_STATUSES and attempt < self.max_retries:
-                        failure = f"HTTP {resp.status}"
-                    elif resp.status >= 300:
-                        excerpt = (await resp.content.read(_EXCERPT_BYTES)).decode(errors="replace")
-                        raise RewardError(
-                            f"reward API answered HTTP {resp.status} for {where}"
-                            f"{' after ' + str(attempt) + ' retries' if attempt else ''}: {excerpt!r}",
-                            url=self.url,
-                        )
-                    else:
-                        return _parse_json(await self._read(resp, where), self.url, where)
-            except _CONNECT_TIMEOUT as exc:
-                failure = f"connect timeout ({exc!r})"
-            except (asyncio.TimeoutError, TimeoutError) as exc:
-                raise RewardError(
-                    f"reward API gave no answer for {where} within timeout_s={self.timeout_s} s "
-                    "(not retried: the request may be running)",
-                    url=self.url,
-                ) from exc
-            except aiohttp.ClientConnectionError as exc:
-                if attempt >= self.max_retries:
-                    raise RewardError(
-                        f"reward API unreachable for {where} after {attempt} retries: {exc!r}",
-                        url=self.url,
-                    ) from exc
-                failure = repr(exc)
-            except aiohttp.ClientError as exc:
-                raise RewardError(
-                    f"reward API request for {where} failed: {exc!r}", url=self.url
-                ) from exc
-            if attempt >= self.max_retries:
-                raise RewardError(
-                    f"reward API failed for {where} after {attempt} retries: {failure}",
-                    url=self.url,
-                )
-            await anyio.sleep(self.retry_backoff_s * 2**attempt)
-            attempt += 1
-            self._retries += 1
+    async def _post(self, client: EngineClient, payload: Any, where: str) -> Any:
+        """One POST under the engine layer's retry policy; returns the parsed JSON answer.
 
-    async def _read(self, resp: aiohttp.ClientResponse, where: str) -> bytes:
-        limit = self.max_response_bytes
-        if resp.content_length is not None and resp.content_length > limit:
+        The client retries only what never reached the server and 502/503/504: a scoring
+        request the server received is never sent twice.
+        """
+        retries = self.max_retries
+        try:
+            raw = await client.post(self._base, self._path, payload)
+        except ClosedResourceError as exc:
+            raise ClosedResourceError(
+                f"ApiScorer for {self.url} was closed during a call for {where}"
+            ) from exc
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, MilesLiteError):
+                raise
             raise RewardError(
-                f"reward API answer for {where} is {resp.content_length} bytes, over max_response_bytes={limit}",
+                f"reward API request for {where} is not JSON-serializable ({exc}); pass encode= "
+                "to ApiScorer to build a JSON body",
                 url=self.url,
-            )
-        buf = bytearray()
-        async for chunk in resp.content.iter_chunked(64 * 1024):
-            buf += chunk
-            if len(buf) > limit:
-                raise RewardError(
-                    f"reward API answer for {where} exceeds max_response_bytes={limit}",
-                    url=self.url,
-                )
-        return bytes(buf)
+            ) from exc
+        except EngineStatusError as exc:
+            after = f" after {retries} retries" if exc.retryable and retries else ""
+            raise RewardError(
+                f"reward API answered HTTP {exc.status} for {where}{after}: {exc.body_excerpt!r}",
+                url=self.url,
+            ) from exc
+        except EngineUnavailableError as exc:
+            raise RewardError(
+                f"reward API unreachable for {where} after {retries} retries: {exc}",
+                url=self.url,
+            ) from exc
+        except EngineTimeoutError as exc:
+            raise RewardError(
+                f"reward API gave no answer for {where} within timeout_s={self.timeout_s} s "
+                f"(not retried: the request may be running): {exc}",
+                url=self.url,
+            ) from exc
+        except BodyTooLargeError as exc:
+            raise RewardError(
+                f"reward API answer for {where} exceeds max_response_bytes="
+                f"{self.max_response_bytes}: {exc}",
+                url=self.url,
+            ) from exc
+        except EngineError as exc:
+            raise RewardError(
+                f"reward API request for {where} failed: {exc}", url=self.url
+            ) from exc
+        return _parse_json(raw.body.tobytes(), self.url, where)
 
     def _scores(
         self, answer: Any, samples: list[Sample], where: str

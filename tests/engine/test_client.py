@@ -470,6 +470,8 @@ async def test_invalid_url_is_a_config_error() -> None:
         ("max_body_bytes", 1.5),
         ("read_chunk_bytes", True),
         ("retry", 3),
+        ("headers", {"Authorization": "x"}),
+        ("headers", (("Authorization", 1),)),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -293,3 +294,51 @@ async def test_a_cancelled_call_frees_its_slot() -> None:
         assert (stats.in_flight, stats.waiting, stats.max_waiting) == (0, 0, 1)
         server.delay_s = 0.0
         assert await scorer.score(samples(2)) == [0.2]
+
+
+async def test_headers_query_and_any_2xx_reach_and_come_back() -> None:
+    seen: list[tuple[str | None, str]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append((request.headers.get("Authorization"), request.query_string))
+        return web.json_response({"scores": [1.0] * len(body["samples"])}, status=201)
+
+    app = web.Application()
+    app.router.add_post("/v1/score", handle)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/score?model=rm"
+    try:
+        async with ApiScorer(url, headers={"Authorization": "Bearer t0k"}) as scorer:
+            assert await scorer.score(samples(1, 2)) == [1.0, 1.0]
+    finally:
+        await runner.cleanup()
+    assert seen == [("Bearer t0k", "model=rm")]
+
+
+async def test_a_connection_reset_after_sending_is_not_retried() -> None:
+    """The server read the request (it may be scoring it): sending it again is not safe."""
+    connections = 0
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.transport.abort()  # RST, no answer
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/score"
+    try:
+        async with ApiScorer(url, max_retries=3, retry_backoff_s=0) as scorer:
+            with pytest.raises(RewardError) as info:
+                await scorer.score(samples(4))
+            assert scorer.stats().retries == 0
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert connections == 1
+    assert info.value.url == url
+    assert "samples [4]" in str(info.value)
