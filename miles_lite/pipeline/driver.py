@@ -129,6 +129,7 @@ class _Run:
         if self.target < 0 or self.batch_size < 1:
             raise ValueError(f"target {target!r} and batch_size {batch_size!r} must be >= 1")
         self.kept: list[int] = []
+        self.outputs: dict[int, list[list[Sample]]] = {}
         self.filtered: list[tuple[int, str]] = []
         self.finished: set[int] = set()
         self.spans: list[UnitSpan] = []
@@ -199,7 +200,10 @@ class _Run:
     async def _run_group(self, index: int) -> None:
         group = self.groups[index]
         units = self.kind.units(group)
+        # Units write what they made here, so a group stopped early keeps the samples its
+        # generate functions returned (they may be new objects) with their partial output.
         outputs: list[list[Sample]] = [list(u) for u in units]
+        self.outputs[index] = outputs
         async with anyio.create_task_group() as tg:
             for u, unit in enumerate(units):
                 span = UnitSpan(group_index=index, unit_index=u, size=len(unit))
@@ -207,10 +211,7 @@ class _Run:
                 tg.start_soon(self._run_unit, unit, span, outputs, u)
         if self.stopping.is_set():
             return
-        whole = [s for out in outputs for s in out]
-        for sample in whole:
-            sample.group_index = index
-        self.groups[index] = whole
+        whole = self._whole(index)
         await self.driver.scorer.score_group(whole)
         verdict = apply_filters(self.driver.filters, whole)
         if self.stopping.is_set():
@@ -260,6 +261,16 @@ class _Run:
             sample.fail(error)
         span.error = str(error)
         return unit
+
+    def _whole(self, index: int) -> list[Sample]:
+        """Group ``index`` as its units left it (the input samples if it never started)."""
+        outputs = self.outputs.get(index)
+        if outputs is not None:
+            whole = [s for out in outputs for s in out]
+            for sample in whole:
+                sample.group_index = index
+            self.groups[index] = whole
+        return self.groups[index]
 
     def _metrics(
         self, elapsed: float, kind_metrics: dict[str, float], windows: dict[str, Any]

@@ -247,6 +247,8 @@ class _TextKind:
         config = rollout.config
         router = state.router
         sessions = state.sessions
+        # Read before aborting: agents close their sessions once answered "abort".
+        session_ids = tuple(sessions.session_ids()) if sessions is not None else ()
         if sessions is not None:
             # Later agent requests are answered at once with finish_reason "abort".
             await sessions.abort()
@@ -266,9 +268,8 @@ class _TextKind:
         }
         hook = getattr(rollout.generate, "abort", None)
         if hook is not None:
-            ids = tuple(sessions.session_ids()) if sessions is not None else ()
             try:
-                await hook(AbortContext(rollout_id=self.rollout_id, session_ids=ids))
+                await hook(AbortContext(rollout_id=self.rollout_id, session_ids=session_ids))
             except Exception as exc:  # reported, not fatal: the rollout's work is done
                 self.abort_metrics["rollout/abort_hook_errors"] = 1.0
                 self.abort_hook_error = exc
