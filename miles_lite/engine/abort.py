@@ -102,7 +102,7 @@ async def abort_requests(
                         sent += await _send_aborts(client, url, rids, abort_all, timeout_s)
                         last_sent = time.monotonic()
                     loads = await client.get_json(
-                        url, "/v1/loads?include=core", timeout_s=timeout_s
+                        url, "/v1/loads?include=core", timeout_s=timeout_s, retry=False
                     )
                 except EngineStatusError as exc:
                     error = f"cannot tell whether it is idle: {exc}"
@@ -134,14 +134,29 @@ async def abort_requests(
 async def _send_aborts(
     client: EngineClient, url: str, rids: Collection[str], abort_all: bool, timeout_s: float
 ) -> int:
+    """Send the aborts of one engine at once; raises the first failure, a plain error (not
+    an exception group, so that the caller's retry loop sees it)."""
     if abort_all:
-        await client.post_json(url, "/abort_request", {"abort_all": True}, timeout_s=timeout_s)
+        await client.post_json(
+            url, "/abort_request", {"abort_all": True}, timeout_s=timeout_s, retry=False
+        )
         return 1
+    errors: list[MilesLiteError] = []
     async with anyio.create_task_group() as tg:
         for rid in rids:
-            tg.start_soon(_abort_one, client, url, rid, timeout_s)
+            tg.start_soon(_abort_one, client, url, rid, timeout_s, errors)
+    if errors:
+        raise errors[0]
     return len(rids)
 
 
-async def _abort_one(client: EngineClient, url: str, rid: str, timeout_s: float) -> None:
-    await client.post_json(url, "/abort_request", {"rid": rid}, request_id=rid, timeout_s=timeout_s)
+async def _abort_one(
+    client: EngineClient, url: str, rid: str, timeout_s: float, errors: list[MilesLiteError]
+) -> None:
+    # One attempt: the loop re-sends every resend_interval_s while the engine is busy.
+    try:
+        await client.post_json(
+            url, "/abort_request", {"rid": rid}, request_id=rid, timeout_s=timeout_s, retry=False
+        )
+    except MilesLiteError as exc:
+        errors.append(exc)
