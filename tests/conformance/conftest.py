@@ -17,8 +17,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from blockbuster import blockbuster_ctx
 
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
+from tests.conftest import _CAN_BLOCK
 
 HERE = Path(__file__).resolve().parent
 #: Per-test limit in this tier (the default 120 s would cut a slow server start).
@@ -45,6 +47,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if len(keep) != len(items):
             config.hook.pytest_deselected(items=mine)
             items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def fail_on_blocked_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """This tier keeps blockbuster (any blocking call by miles_lite on the loop fails) but
+    not the slow-step detector of tests/conftest.py: here a real SGLang server (its idle
+    scheduler alone takes ~0.6 core) shares the 2 cores with the test, so a loop step can
+    wait a second for a core without the library doing anything wrong."""
+    if "anyio_backend" not in request.fixturenames:
+        yield
+        return
+    with blockbuster_ctx(["miles_lite"]) as detector:
+        for name, places in _CAN_BLOCK.items():
+            for filename, functions in places:
+                detector.functions[name].can_block_in(filename, functions)
+        yield
 
 
 @pytest.fixture(scope="session")
