@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 from collections.abc import Iterator
@@ -18,6 +19,17 @@ LOOP_BLOCK_LIMIT_S = 0.35
 
 #: Real SGLang 0.5.23 answers, copied into the repository so that any clone can test.
 CAPTURES = Path(__file__).resolve().parent / "data" / "sglang_captures"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def frozen_heap() -> Iterator[None]:
+    """Move what the imports made (torch, transformers, aiohttp: ~280k objects) out of the
+    collector's reach. A full collection of them takes ~0.25 s here; landing inside a loop
+    step, it would trip the loop guard in whichever test happened to allocate then."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture
