@@ -3,6 +3,7 @@
 from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams, TextRolloutConfig
 from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
 from miles_lite.errors import (
+    AgentError,
     ArenaError,
     ArenaFullError,
     BodyTooLargeError,
@@ -20,12 +21,14 @@ from miles_lite.errors import (
     RewardError,
     SampleInvariantError,
     SamplingParamsError,
+    SessionError,
     ToolError,
     WorkerCrashedError,
     WorkerError,
     WorkerTaskError,
 )
 from miles_lite.generate import GenerateFnInput, generate_diffusion
+from miles_lite.generate.agentic import AgentGenerate
 from miles_lite.pipeline import (
     DiffusionRollout,
     FilterResult,
@@ -46,12 +49,15 @@ from miles_lite.pools import (
 )
 from miles_lite.run_sync import run_sync
 from miles_lite.sampling import TextSamplingParams, check_sampling_params
+from miles_lite.sessions import SessionServer, SessionServerConfig
 from miles_lite.spans import UnitSpan
-from miles_lite.types import DiTTrajectory, Sample, SampleStatus
+from miles_lite.types import DiTTrajectory, PrefixCacheInfo, Sample, SampleStatus
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgentError",
+    "AgentGenerate",
     "ApiRewardPool",
     "ArenaConfig",
     "ArenaError",
@@ -78,6 +84,7 @@ __all__ = [
     "MilesLiteError",
     "ParserPool",
     "ParserPoolConfig",
+    "PrefixCacheInfo",
     "PromptGroup",
     "RetryPolicy",
     "RewardError",
@@ -89,6 +96,9 @@ __all__ = [
     "SampleInvariantError",
     "SampleStatus",
     "SamplingParamsError",
+    "SessionError",
+    "SessionServer",
+    "SessionServerConfig",
     "TextRollout",
     "TextRolloutConfig",
     "TextSamplingParams",

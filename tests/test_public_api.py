@@ -16,6 +16,7 @@ PACKAGES = [
     "miles_lite.pipeline",
     "miles_lite.pools",
     "miles_lite.rewards",
+    "miles_lite.sessions",
     "miles_lite.testing",
 ]
 
