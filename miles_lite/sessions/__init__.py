@@ -2,10 +2,10 @@
 
 Usage::
 
-    async with TextRollout.open(urls, tokenizer=tok, generate=AgentGenerate(run_agent)) as r:
-        async with SessionServer(r.state) as server:
-            r.state.sessions = server
-            result = await r.run([[{"role": "user", "content": "Please add 2 and 3."}]])
+    async with TextRollout.open(
+        urls, tokenizer=tok, generate=AgentGenerate(run_agent), session_server=SessionServerConfig()
+    ) as rollout:
+        result = await rollout.run([[{"role": "user", "content": "Please add 2 and 3."}]])
 
 where ``async def run_agent(base_url, prompt, request_kwargs)`` talks to ``base_url`` with
 any OpenAI client (``openai.AsyncOpenAI(base_url=base_url, api_key="-")``) and may return a

@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from miles_lite import (
+    AgentGenerate,
     EngineStatusError,
     GenerateError,
     SampleStatus,
     SamplingParamsError,
+    SessionServerConfig,
     TextRollout,
     TextSamplingParams,
 )
@@ -19,6 +21,7 @@ from miles_lite.generate import GenerateFnInput
 from miles_lite.generate.text_request import check_text_sample
 from miles_lite.pipeline import drop_zero_std
 from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
+from tests.sessions import agents_plain
 from tests.text.conftest import RULES, OpenRollout
 
 pytestmark = pytest.mark.anyio
@@ -186,3 +189,20 @@ async def test_tokenizing_long_prompts_never_stalls_the_loop(text_rollout: OpenR
         result = await rollout.run(prompts)
     assert [s.metadata["truncated_reason"] for s in result.samples] == ["prompt_too_long"] * 2
     assert engine.stats.requests == []
+
+
+async def test_open_starts_a_session_server_for_an_agentic_generate_function(
+    text_rollout: OpenRollout,
+) -> None:
+    async with text_rollout(
+        generate=AgentGenerate(agents_plain.run_agent),
+        session_server=SessionServerConfig(),
+        n_samples_per_prompt=2,
+    ) as (rollout, _):
+        assert rollout.state.sessions is not None
+        result = await rollout.run([[{"role": "user", "content": "What is 2+3?"}]])
+        assert rollout.state.sessions.session_ids() == []  # every session closed
+    assert [s.status for s in result.samples] == [SampleStatus.COMPLETED] * 2
+    for sample in result.samples:
+        check_text_sample(sample)
+        assert sample.response_length > 0 and sample.loss_mask == [1] * sample.response_length
