@@ -77,6 +77,15 @@ def translated(where: Attempt) -> Iterator[None]:
             **ctx,
         ) from exc
     except aiohttp.ClientConnectionError as exc:
+        if _body_not_written(exc):
+            # The request body could not be written (typically a pooled keep-alive
+            # connection to an engine that has since died): the engine never got a whole
+            # request, so it cannot be generating it; sending it again is safe.
+            raise EngineUnavailableError(
+                f"the engine closed the connection before {where.method} {where.path} was"
+                f" fully sent: {type(exc).__name__}: {exc}; it may be down",
+                **ctx,
+            ) from exc
         dropped = EngineUnavailableError(
             f"the engine dropped the connection during {where.method} {where.path}"
             f" after the request was sent: {type(exc).__name__}: {exc};"
@@ -89,6 +98,14 @@ def translated(where: Attempt) -> Iterator[None]:
         raise EngineProtocolError(
             f"malformed answer to {where.method} {where.path}: {type(exc).__name__}: {exc}", **ctx
         ) from exc
+
+
+def _body_not_written(exc: aiohttp.ClientConnectionError) -> bool:
+    # aiohttp (3.9 to 3.14) raises this ClientOSError, and only this one, when writing the
+    # request body fails; matched by its text because it has no type of its own.
+    return isinstance(exc, aiohttp.ClientOSError) and str(exc.strerror or "").startswith(
+        "Can not write request body"
+    )
 
 
 def _timeout_message(where: Attempt, exc: BaseException) -> str:
