@@ -159,8 +159,12 @@ class EngineClient:
         (``/rollout/generate``). The body is written into a buffer from ``into(nbytes)``
         (default: :func:`allocate_fresh`): with a Content-Length, one buffer of that size is
         asked for before reading; without one, chunks are gathered up to ``max_body_bytes``
-        and copied into a buffer of the final size off the loop. ``timeout_s`` replaces the
-        total timeout for this call (seconds).
+        and copied into a buffer of the final size off the loop.
+
+        ``timeout_s`` is for control endpoints only (abort, loads, health, weight
+        updates): it replaces the total timeout for this call (seconds). Generations leave
+        it unset, so that the client config (``total_timeout_s``, ``read_timeout_s``,
+        ``max_body_bytes``) is the one owner of their limits.
 
         Retryable failures (the request never reached the engine, or 502/503/504) are
         retried under ``config.retry`` on this engine; ``retry=False`` makes one attempt
