@@ -10,8 +10,12 @@ process's own state, set by :func:`init_parser_worker` when the process starts.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import math
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +26,7 @@ from miles_lite.errors import (
     ArenaFullError,
     BodyTooLargeError,
     CodecError,
+    ConfigError,
     EngineProtocolError,
     EngineStatusError,
     EngineTimeoutError,
@@ -38,16 +43,44 @@ _EXCERPT = 500
 
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
-    """A POST a worker makes itself (``fetch_in_parser``); sizes in bytes, times in seconds."""
+    """A POST a worker makes itself (``fetch_in_parser``); sizes in bytes, times in seconds.
+
+    ``timeout_s`` bounds the whole exchange (connect, send, headers, body: the client's
+    ``total_timeout_s``; 0 or None: no total bound, as the client's None);
+    ``read_timeout_s`` bounds each socket read (None: the total).
+    ``expected_items``, when set, is the number of samples the answer must hold: an
+    answer with another count is refused (it cannot be this request's). The worker never
+    retries: the caller decides, from the typed error. Only ``http://`` URLs: an
+    ``https://`` one is refused here with :class:`ConfigError` (the worker speaks plain
+    HTTP; use the engine client's transport for TLS).
+    """
 
     url: str
     path: str
     payload: dict[str, Any]
     request_id: str | None
-    timeout_s: float
+    timeout_s: float | None
     max_body_bytes: int
+    read_timeout_s: float | None = None
+    expected_items: int | None = None
     align: bool = True
     alloc_wait_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        scheme = urlsplit(self.url).scheme
+        if scheme != "http":
+            raise ConfigError(
+                f"FetchRequest.url must be an http:// URL (fetch_in_parser speaks plain "
+                f"HTTP), got {self.url!r}"
+            )
+        if self.timeout_s is not None and not (
+            self.timeout_s >= 0 and math.isfinite(self.timeout_s)
+        ):
+            raise ConfigError(f"FetchRequest.timeout_s must be >= 0 or None, got {self.timeout_s}")
+        if self.read_timeout_s is not None and not self.read_timeout_s > 0:
+            raise ConfigError(
+                f"FetchRequest.read_timeout_s must be > 0 or None, got {self.read_timeout_s}"
+            )
 
 
 @dataclass(slots=True)
@@ -77,8 +110,14 @@ class _WorkerState:
         self.arena = arena
         self.connections: dict[tuple[str, int], http.client.HTTPConnection] = {}
 
-    def connection(self, host: str, port: int, timeout_s: float) -> http.client.HTTPConnection:
+    def connection(
+        self, host: str, port: int, timeout_s: float | None
+    ) -> http.client.HTTPConnection:
         conn = self.connections.get((host, port))
+        if conn is not None and conn.sock is not None and _has_pending(conn.sock):
+            # Bytes (or EOF) nobody asked for: never read them as the next answer.
+            self.drop(host, port)
+            conn = None
         if conn is None:
             conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
             self.connections[(host, port)] = conn
@@ -94,6 +133,20 @@ class _WorkerState:
 
 
 _STATE: _WorkerState | None = None
+
+
+def _has_pending(sock: socket.socket) -> bool:
+    """Whether the peer sent something (bytes or a close) before we asked anything."""
+    timeout = sock.gettimeout()
+    try:
+        sock.setblocking(False)
+        return sock.recv(1, socket.MSG_PEEK) is not None
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        sock.settimeout(timeout)
 
 
 def init_parser_worker(index: int, tag: int, handle: ArenaHandle | None) -> None:
@@ -159,9 +212,41 @@ def fetch_and_parse(request: FetchRequest) -> ParseResult:
     where = {"url": request.url, "request_id": request.request_id}
     body = json.dumps(request.payload).encode()
     allocation: Allocation | None = None
+    total = request.timeout_s or math.inf
+    deadline = time.monotonic() + total
+    read_timeout: float | None = request.read_timeout_s or request.timeout_s or None
+
+    def bounded() -> float | None:
+        # Each socket operation waits at most the read timeout and never past the
+        # deadline of the whole exchange (an engine trickling bytes is cut off).
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if read_timeout is None:
+            return None if math.isinf(left) else left
+        return min(read_timeout, left)
+
+    cut = threading.Event()
+
+    def cut_off() -> None:
+        # Per-read timeouts cannot bound headers trickled a byte at a time: at the
+        # deadline the socket is shut down, which ends any read in progress.
+        cut.set()
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    conn: http.client.HTTPConnection | None = None
+    timer = threading.Timer(total, cut_off)
+    timer.daemon = True
     try:
         try:
-            conn = state.connection(host, port, request.timeout_s)
+            conn = state.connection(host, port, bounded())
+            if conn.sock is None:
+                conn.connect()
+            if math.isfinite(total):
+                timer.start()
             conn.request(
                 "POST",
                 request.path,
@@ -169,9 +254,11 @@ def fetch_and_parse(request: FetchRequest) -> ParseResult:
                 headers={"Content-Type": "application/json", "Accept": "application/msgpack"},
             )
             resp = conn.getresponse()
+            if cut.is_set():
+                raise TimeoutError  # headers cut short at the deadline
             response_at = time.monotonic()
             content_type = resp.getheader("Content-Type", "")
-            if resp.status != 200:
+            if not 200 <= resp.status < 300:
                 excerpt = resp.read(_EXCERPT).decode("utf-8", "replace")
                 state.drop(host, port)
                 raise EngineStatusError(
@@ -201,36 +288,59 @@ def fetch_and_parse(request: FetchRequest) -> ParseResult:
                 view = memoryview(spill)
             got = 0
             while got < length:
-                n = resp.readinto(view[got:])
+                if conn.sock is not None:
+                    conn.sock.settimeout(bounded())
+                n = resp.readinto(view[got : got + min(length - got, 1 << 20)])
                 if not n:
                     break
                 got += n
             if got < length:
                 state.drop(host, port)
+                if cut.is_set():
+                    raise TimeoutError
                 raise EngineProtocolError(f"truncated body: got {got} of {length} bytes", **where)
             read_at = time.monotonic()
-        except http.client.IncompleteRead as exc:
+            if conn.sock is None or _has_pending(conn.sock):
+                # Bytes past Content-Length (or a close): this connection's next answer
+                # could be anything; never reuse it.
+                state.drop(host, port)
+        except (TimeoutError, http.client.HTTPException, OSError) as exc:
+            state.drop(host, port)
+            if isinstance(exc, TimeoutError) or cut.is_set():
+                raise EngineTimeoutError(
+                    f"no complete answer within {request.timeout_s} s (read timeout "
+                    f"{read_timeout} s)",
+                    **where,
+                ) from exc
+            if isinstance(exc, http.client.IncompleteRead):
+                raise EngineProtocolError(
+                    f"truncated body: got {len(exc.partial)} more bytes, {exc.expected} missing",
+                    **where,
+                ) from exc
+            raise EngineUnavailableError(f"connection failed: {exc!r}", **where) from exc
+        finally:
+            timer.cancel()
+        result = _decode_in(view, content_type, request.align)
+        if request.expected_items is not None and len(result.items) != request.expected_items:
             state.drop(host, port)
             raise EngineProtocolError(
-                f"truncated body: got {len(exc.partial)} more bytes, {exc.expected} missing",
+                f"answer holds {len(result.items)} samples, the request asked for "
+                f"{request.expected_items}: not this request's answer",
                 **where,
-            ) from exc
-        except TimeoutError as exc:
-            state.drop(host, port)
-            raise EngineTimeoutError(f"no answer within {request.timeout_s} s", **where) from exc
-        except (ConnectionError, http.client.HTTPException, OSError) as exc:
-            state.drop(host, port)
-            raise EngineUnavailableError(f"connection failed: {exc!r}", **where) from exc
-        result = _decode_in(view, content_type, request.align)
+            )
         if spill is not None:
             result.payload = spill if result.used_bytes == length else spill[: result.used_bytes]
             result.spilled = True
     except MilesLiteError as exc:
+        # Whatever failed (an unexpected content type, a bad body), the answer may not
+        # have been read to its end: the connection is never reused.
+        state.drop(host, port)
         if allocation is not None:
             arena.free(allocation)
         exc.with_context(**where)
         raise
     except BaseException:
+        state.drop(host, port)
         if allocation is not None:
             arena.free(allocation)
         raise

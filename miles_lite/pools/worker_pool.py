@@ -425,6 +425,7 @@ class WorkerPool:
                 for proc in processes:
                     proc.kill()
                 self._replace(index, executor)
+                self._retired.append(executor)
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(_join_all, processes)
                 raise WorkerTimeoutError(
@@ -475,7 +476,6 @@ class WorkerPool:
         if self._closed or self._executors[index] is not broken:
             return  # already replaced by another call that saw the same crash
         broken.shutdown(wait=False, cancel_futures=True)
-        self._retired.append(broken)
         with self._count_lock:
             # Calls still counted on the dead worker never end there: start afresh.
             self._generation[index] += 1
