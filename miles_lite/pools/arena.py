@@ -15,13 +15,17 @@ How:
   workers allocate for themselves, and the main process frees when the user lets go.
 - A :class:`Lease` is a numpy byte view of an allocation; tensors made from it with
   ``torch.frombuffer`` keep it alive, and when the last one is garbage-collected the
-  pages return to the table. Nothing the user holds is ever overwritten.
+  pages return to the table. Nothing the user holds is ever overwritten. The collector
+  may run anywhere, also inside a page-table change holding its lock: a finalizer only
+  queues the free (a lock-free deque append); the queue is drained at the next
+  allocation, free or ``used_bytes`` reading.
 - Backpressure: an allocation that does not fit waits (the main process asynchronously,
   a worker by polling) until pages are released, up to a timeout.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -105,7 +109,11 @@ class Lease:
 
     def release(self) -> None:
         """Free the pages now; the caller promises no tensor views them any more."""
+        info = self._finalizer.peek()
         self._finalizer()
+        if info is not None:
+            arena: Arena = info[2][0]
+            arena._drain()
 
 
 class Arena:
@@ -134,6 +142,8 @@ class Arena:
         self._data = np.frombuffer(self._mmap, dtype=np.uint8, offset=self._data_offset)
         self.n_pages = n_pages
         self._closed = False
+        # Frees queued by finalizers (see the module docstring); drained under the lock.
+        self._pending_frees: collections.deque[tuple[int, int]] = collections.deque()
         self._released = anyio.Event()
         self.waits = 0
         self.high_water_pages = 0
@@ -168,6 +178,7 @@ class Arena:
     @property
     def used_bytes(self) -> int:
         """Bytes allocated now (main process and workers)."""
+        self._drain()
         return self._table.used_pages() * self.config.page_bytes
 
     def try_lease(self, nbytes: int) -> Lease | None:
@@ -179,6 +190,7 @@ class Arena:
                 f"allocation of {nbytes} bytes exceeds the arena of {self.config.size_bytes} "
                 "bytes; raise ArenaConfig.size_bytes"
             )
+        self._drain()
         allocation = self._table.try_alloc(n_pages, PARENT)
         if allocation is None:
             return None
@@ -286,9 +298,19 @@ class Arena:
         )
         return Lease(array, allocation, finalizer)
 
-    def _free(self, first: int, n_pages: int) -> None:
-        if not self._closed:
-            self._table.free(first, n_pages)
+    def _queue_free(self, first: int, n_pages: int) -> None:
+        # Runs in a finalizer: any thread, any moment, maybe inside try_alloc holding the
+        # page table's (non-reentrant) lock. deque.append takes no lock we could hold.
+        self._pending_frees.append((first, n_pages))
+
+    def _drain(self) -> None:
+        freed = False
+        while self._pending_frees:
+            first, n_pages = self._pending_frees.popleft()
+            if not self._closed:
+                self._table.free(first, n_pages)
+                freed = True
+        if freed:
             self._signal()
 
     def _signal(self) -> None:
@@ -303,4 +325,4 @@ class Arena:
 
 
 def _free_pages(arena: Arena, first: int, n_pages: int) -> None:
-    arena._free(first, n_pages)
+    arena._queue_free(first, n_pages)
