@@ -8,6 +8,7 @@ Usage::
                 raw = await client.post(url, "/rollout/generate", payload, request_id=rid)
 """
 
+from miles_lite.engine.abort import AbortReport, EngineAbort, abort_requests, busy_requests
 from miles_lite.engine.client import EngineClient, EngineClientStats
 from miles_lite.engine.client_config import EngineClientConfig
 from miles_lite.engine.response import (
@@ -21,10 +22,12 @@ from miles_lite.engine.retry import RetryPolicy, retry_call
 from miles_lite.engine.router import EngineState, Router, RouterConfig, RouterStats
 
 __all__ = [
+    "AbortReport",
     "BodyAllocator",
     "BodyBuffer",
     "EngineClient",
     "EngineClientConfig",
+    "EngineAbort",
     "EngineClientStats",
     "EngineState",
     "FreshBuffer",
@@ -33,6 +36,8 @@ __all__ = [
     "Router",
     "RouterConfig",
     "RouterStats",
+    "abort_requests",
     "allocate_fresh",
+    "busy_requests",
     "retry_call",
 ]
