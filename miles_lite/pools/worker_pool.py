@@ -149,12 +149,8 @@ def _die_with(owner_pid: int) -> None:
     def watch() -> None:
         while True:
             time.sleep(OWNER_POLL_S)
-            try:
-                os.kill(owner_pid, 0)
-            except ProcessLookupError:
+            if not _alive(owner_pid):
                 os._exit(1)
-            except PermissionError:
-                pass  # alive, another user's (cannot be ours; keep watching)
 
     threading.Thread(target=watch, name="miles-lite-owner-watch", daemon=True).start()
     if not _alive(owner_pid):
@@ -162,13 +158,14 @@ def _die_with(owner_pid: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    # A killed owner not yet reaped by its parent is a zombie: dead for our purpose.
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    except PermissionError:
+    except OSError:
         return True
-    return True
 
 
 def _init_worker(
