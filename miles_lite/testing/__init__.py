@@ -6,6 +6,8 @@
   run it in child processes; :class:`TinyModelPolicy` makes it answer with a tiny
   random-weight Qwen2 model instead of the script. :func:`shape_diff` compares two
   answers (or an answer and a capture) key by key.
+- :class:`SGLangServer`: a real SGLang 0.5.23 server on this CPU, in the venv
+  ``scripts/sglang-cpu/setup.sh`` builds (the conformance tier).
 - :class:`StandInEngine`: a diffusion engine, an aiohttp server on loopback (``async with``), configured by
   :class:`StandInConfig`, with runtime :class:`Faults` and :class:`EngineStats`.
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
@@ -22,6 +24,7 @@ from miles_lite.testing.faults import Faults
 from miles_lite.testing.process import EngineProcess, EngineProcessGroup
 from miles_lite.testing.rollout_body import synthetic_body
 from miles_lite.testing.rollout_request import SDE_TYPES, InvalidRequestError, RolloutRequest
+from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
 from miles_lite.testing.text_engine import (
     SAMPLING_KEYS,
     SGLANG_VERSION,
@@ -48,6 +51,8 @@ __all__ = [
     "Faults",
     "InvalidRequestError",
     "RolloutRequest",
+    "SGLangServer",
+    "SGLangServerConfig",
     "StandInConfig",
     "StandInEngine",
     "TextEngineProcess",
@@ -59,6 +64,7 @@ __all__ = [
     "TextStandInConfig",
     "TextStandInEngine",
     "TinyModelPolicy",
+    "default_sglang_venv",
     "load_qwen3_tokenizer",
     "qwen3_tokenizer_dir",
     "shape_diff",
