@@ -26,6 +26,7 @@ from miles_lite.errors import (
     WorkerCrashedError,
     WorkerError,
     WorkerTaskError,
+    WorkerTimeoutError,
 )
 from miles_lite.generate import GenerateFnInput, generate_diffusion
 from miles_lite.generate.agentic import AgentGenerate
@@ -108,6 +109,7 @@ __all__ = [
     "WorkerError",
     "WorkerPool",
     "WorkerTaskError",
+    "WorkerTimeoutError",
     "check_sampling_params",
     "drop_aborted",
     "drop_failed",

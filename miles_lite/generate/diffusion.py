@@ -85,8 +85,10 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
                 path=PATH,
                 payload=payload,
                 request_id=rid,
-                timeout_s=limits.total_timeout_s or limits.read_timeout_s or 0.0,
+                timeout_s=limits.total_timeout_s,
+                read_timeout_s=limits.read_timeout_s,
                 max_body_bytes=limits.max_body_bytes,
+                expected_items=len(samples),
             )
             return await parser.fetch(request)
 
