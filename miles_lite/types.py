@@ -58,8 +58,9 @@ class Sample:
     Text fields (``tokens``, ``response_length``, ``loss_mask``, ...) and diffusion fields
     (``generated_output``, ``dit_trajectory``, ...) live side by side, as in miles. Diffusion
     tensors may view shared memory owned by a parser pool's arena: they stay valid as long
-    as they are referenced; call :meth:`detach_tensors` to copy them out and free the arena
-    space at once.
+    as they are referenced. The arena space of one response (a microgroup) is freed once no
+    tensor of any of its samples is referenced: :meth:`detach_tensors` copies this
+    sample's tensors out; detach (or drop) every sample of the response to free it.
     """
 
     index: int = 0
@@ -127,7 +128,8 @@ class Sample:
             )
 
     def detach_tensors(self) -> None:
-        """Replace every diffusion tensor by a private copy, releasing shared memory."""
+        """Replace every diffusion tensor by a private copy: this sample no longer holds its
+        response's arena space (freed once no sample of the response holds it)."""
         self.generated_output = _clone(self.generated_output)
         self.rollout_log_probs = _clone(self.rollout_log_probs)
         self.rollout_debug_tensors = _clone(self.rollout_debug_tensors)

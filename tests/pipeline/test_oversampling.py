@@ -144,3 +144,27 @@ async def test_two_rollouts_draw_new_seeds_and_a_rollout_id_reproduces_them(
     assert seeds[0] != seeds[1] and not set(seeds[0]) & set(seeds[1])
     assert seeds[2] == seeds[0]
     assert first.rollout_id != second.rollout_id
+
+
+async def test_a_responses_arena_space_is_freed_when_all_its_samples_are_detached(
+    engines: list[StandInEngine], parser: ParserPool
+) -> None:
+    # One response (a microgroup of 2) lies in one arena region: the documented lifetime
+    # is the response's, so one sample kept pins it and detaching all frees it.
+    assert parser.arena is not None
+    await collect_garbage()
+    before = parser.arena.used_bytes
+    async with oversampled([engines[0].url], parser, {}) as rollout:
+        result = await rollout.run(PROMPTS[:1])
+    first, second = result.samples[:2]
+    del result
+    await collect_garbage()
+    held = parser.arena.used_bytes
+    assert held > before
+    first.detach_tensors()
+    await collect_garbage()
+    assert parser.arena.used_bytes == held  # `second` still views the response
+    assert first.generated_output is not None  # the copy stays usable
+    second.detach_tensors()
+    await collect_garbage()
+    assert parser.arena.used_bytes == before
