@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -22,6 +24,10 @@ def run_sync(fn: Callable[..., Awaitable[T]], *args: Any, use_uvloop: bool = Fal
     then ``fn`` runs on a fresh loop in a helper thread that is joined before returning,
     and the caller's loop waits. Inside async code, prefer ``await fn(*args)``.
     ``use_uvloop`` runs the loop on uvloop (``pip install miles-lite[uvloop]``).
+
+    In the main thread, SIGTERM (a preempted or killed job) cancels ``fn``: its
+    ``async with`` blocks close (pools stop their workers, in-flight requests are
+    cancelled), then ``SystemExit(143)`` is raised, the exit status of a SIGTERM.
     """
     options = {"use_uvloop": use_uvloop}
 
@@ -31,6 +37,39 @@ def run_sync(fn: Callable[..., Awaitable[T]], *args: Any, use_uvloop: bool = Fal
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        if threading.current_thread() is threading.main_thread():
+            return anyio.run(_until_sigterm, fn, args, backend="asyncio", backend_options=options)
         return call()
     with ThreadPoolExecutor(1, thread_name_prefix="miles-lite-run-sync") as executor:
         return executor.submit(call).result()
+
+
+async def _until_sigterm(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+    """``await fn(*args)``, cancelled cleanly by SIGTERM (then SystemExit(143))."""
+    results: list[T] = []
+    errors: list[Exception] = []
+    terminated = False
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            nonlocal terminated
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    terminated = True
+                    tg.cancel_scope.cancel()
+                    return
+
+        async def run() -> None:
+            try:
+                results.append(await fn(*args))
+            except Exception as exc:  # re-raised as itself, not in an exception group
+                errors.append(exc)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(run)
+    if terminated:
+        raise SystemExit(128 + signal.SIGTERM)
+    if errors:
+        raise errors[0]
+    return results[0]
