@@ -48,10 +48,15 @@ class _SlowCallbacks(logging.Handler):
             self.records.append(msg)
 
 
-#: Calls that are blocking in name only: a write to the self-pipe that wakes the
-#: executor's manager thread (a few bytes into an empty pipe), by function and file.
+#: Calls that are blocking in name only, by function and file: a write to the self-pipe
+#: that wakes an executor's manager thread, and the line a dead executor's semaphore
+#: finalizer (run by the garbage collector, anywhere) sends the resource tracker: a few
+#: bytes into a pipe nobody else writes.
 _CAN_BLOCK: dict[str, list[tuple[str, set[str]]]] = {
-    "os.write": [("concurrent/futures/process.py", {"wakeup", "__init__"})],
+    "os.write": [
+        ("concurrent/futures/process.py", {"wakeup", "__init__"}),
+        ("multiprocessing/resource_tracker.py", {"_check_alive", "_send", "_write"}),
+    ],
 }
 
 
