@@ -14,38 +14,36 @@ from miles_lite.errors import SamplingParamsError
 
 __all__ = ["SAMPLING_KEYS", "TextSamplingParams", "check_sampling_params"]
 
-#: The keys SGLang 0.5.23 accepts in ``sampling_params``.
-SAMPLING_KEYS = frozenset(
-    {
-        "max_new_tokens",
-        "stop",
-        "stop_token_ids",
-        "stop_regex",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "min_new_tokens",
-        "n",
-        "json_schema",
-        "regex",
-        "ebnf",
-        "structural_tag",
-        "ignore_eos",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "no_stop_trim",
-        "stream_interval",
-        "logit_bias",
-        "sampling_seed",
-        "custom_params",
-        "beam_width",
-        "watermark",
-        "choice",
-    }
+#: The keys SGLang 0.5.23 accepts in ``sampling_params``, in the order its 400 lists them.
+SAMPLING_KEYS = (
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
 )
 _HINTS = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "stop_sequences": "stop"}
 
@@ -61,7 +59,7 @@ def check_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
         if key not in SAMPLING_KEYS:
             hint = f" (did you mean {_HINTS[key]!r}?)" if key in _HINTS else ""
             raise SamplingParamsError(
-                f"unknown sampling key {key!r}{hint}; SGLang accepts {sorted(SAMPLING_KEYS)}"
+                f"unknown sampling key {key!r}{hint}; SGLang accepts {list(SAMPLING_KEYS)}"
             )
     if params.get("n", 1) != 1:
         raise SamplingParamsError(

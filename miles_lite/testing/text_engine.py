@@ -47,6 +47,7 @@ import anyio.to_thread
 from aiohttp import web
 
 from miles_lite.errors import ClosedResourceError, ConfigError
+from miles_lite.sampling import SAMPLING_KEYS
 from miles_lite.testing.text_chat import (
     ChatBadRequest,
     TemplateCache,
@@ -70,37 +71,6 @@ __all__ = [
 #: The SGLang release whose answers this stand-in mirrors.
 SGLANG_VERSION = "0.5.23"
 
-#: The sampling keys SGLang 0.5.23 accepts, in the order its error message lists them.
-SAMPLING_KEYS = (
-    "max_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "stop_regex",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "min_new_tokens",
-    "n",
-    "json_schema",
-    "regex",
-    "ebnf",
-    "structural_tag",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "no_stop_trim",
-    "stream_interval",
-    "logit_bias",
-    "sampling_seed",
-    "custom_params",
-    "beam_width",
-    "watermark",
-    "choice",
-)
 _INT_KEYS = ("max_new_tokens", "min_new_tokens", "n", "top_k", "sampling_seed", "stream_interval")
 _BOOL_KEYS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
 _FLOAT_KEYS = (
