@@ -1,6 +1,6 @@
 """Rollouts: the generic driver and its users (diffusion, text), filters, seeds, results."""
 
-from miles_lite.pipeline.diffusion_rollout import DiffusionRollout, PromptGroup
+from miles_lite.pipeline.diffusion_rollout import DiffusionRollout
 from miles_lite.pipeline.driver import Driver, RolloutKind
 from miles_lite.pipeline.filters import (
     FilterResult,
@@ -9,6 +9,7 @@ from miles_lite.pipeline.filters import (
     drop_failed,
     drop_zero_std,
 )
+from miles_lite.pipeline.groups import PromptGroup
 from miles_lite.pipeline.result import RolloutResult
 from miles_lite.pipeline.seeds import group_seeds
 from miles_lite.pipeline.text_rollout import AbortContext, TextRollout

@@ -15,37 +15,24 @@ import dataclasses
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from miles_lite.config import DiffusionRolloutConfig
 from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
-from miles_lite.errors import ConfigError
 from miles_lite.generate.contract import GenerateFn, GenerateFnInput
 from miles_lite.generate.diffusion import DiffusionState, generate_diffusion
 from miles_lite.pipeline.driver import Driver
 from miles_lite.pipeline.filters import GroupFilter
+from miles_lite.pipeline.groups import GroupSpec, make_groups
 from miles_lite.pipeline.result import RolloutResult
-from miles_lite.pipeline.result import renumbered as _renumbered
 from miles_lite.pipeline.scoring import Scorer
-from miles_lite.pipeline.seeds import group_seeds
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool, RewardPoolLike
 from miles_lite.spans import UnitSpan
 from miles_lite.types import Sample
 
-__all__ = ["DiffusionRollout", "PromptGroup", "reward_pools"]
-
-
-@dataclass
-class PromptGroup:
-    """A prompt and, optionally, its own seed list (one per sample), label and metadata."""
-
-    prompt: str | list[dict[str, Any]]
-    seeds: list[int] | None = None
-    label: Any = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+__all__ = ["DiffusionRollout", "reward_pools"]
 
 
 class DiffusionRollout:
@@ -160,41 +147,16 @@ class DiffusionRollout:
                 **kwargs,
             )
 
-    def make_groups(
-        self, prompts: Sequence[str | PromptGroup | list[Sample]], rollout_id: int = 0
-    ) -> list[list[Sample]]:
-        """The samples of each prompt, with indices and seeds (see DiffusionRolloutConfig).
-
-        A group of samples (a ``partial`` group of an earlier result) is taken as it is.
-        """
-        n = self.config.n_samples_per_prompt
-        groups = []
-        for g, spec in enumerate(prompts):
-            if isinstance(spec, list):
-                groups.append(_renumbered(spec, g, n))
-                continue
-            group = spec if isinstance(spec, PromptGroup) else PromptGroup(prompt=spec)
-            seeds = group.seeds or group_seeds(self.config.seed, rollout_id, g, n)
-            if len(seeds) != n:
-                raise ConfigError(f"prompt {g} has {len(seeds)} seeds for {n} samples per prompt")
-            groups.append(
-                [
-                    Sample(
-                        index=g * n + j,
-                        group_index=g,
-                        prompt=group.prompt,
-                        label=group.label,
-                        seed=seeds[j],
-                        metadata=dict(group.metadata),
-                    )
-                    for j in range(n)
-                ]
-            )
-        return groups
+    def make_groups(self, prompts: Sequence[GroupSpec], rollout_id: int = 0) -> list[list[Sample]]:
+        """The samples of each prompt, numbered and seeded (see :func:`make_groups`)."""
+        config = self.config
+        return make_groups(
+            prompts, n_samples=config.n_samples_per_prompt, seed=config.seed, rollout_id=rollout_id
+        )
 
     async def run(
         self,
-        prompts: Sequence[str | PromptGroup | list[Sample]],
+        prompts: Sequence[GroupSpec],
         *,
         rollout_id: int | None = None,
     ) -> RolloutResult:

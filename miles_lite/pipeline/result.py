@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from miles_lite.spans import UnitSpan
 from miles_lite.types import Sample, SampleStatus
 
-__all__ = ["RolloutResult", "renumbered"]
+__all__ = ["RolloutResult"]
 
 
 @dataclass
@@ -43,12 +43,3 @@ class RolloutResult:
     def failed(self) -> list[Sample]:
         """The kept samples that failed, with ``sample.error`` saying why."""
         return [s for s in self.samples if s.status is SampleStatus.FAILED]
-
-
-def renumbered(group: list[Sample], group_index: int, n_samples: int) -> list[Sample]:
-    """A group carried over from an earlier rollout, numbered for its place in this one:
-    sample ``j`` of group ``g`` gets index ``g * n_samples + j`` (its seed is kept)."""
-    for j, sample in enumerate(group):
-        sample.group_index = group_index
-        sample.index = group_index * n_samples + j
-    return group

@@ -29,13 +29,12 @@ from miles_lite.generate.contract import GenerateFn, GenerateFnInput
 from miles_lite.generate.single_turn import generate as single_turn
 from miles_lite.generate.text_request import check_text_sample
 from miles_lite.generate.text_state import TextState
-from miles_lite.pipeline.diffusion_rollout import PromptGroup, reward_pools
+from miles_lite.pipeline.diffusion_rollout import reward_pools
 from miles_lite.pipeline.driver import Driver
 from miles_lite.pipeline.filters import GroupFilter
+from miles_lite.pipeline.groups import GroupSpec, make_groups
 from miles_lite.pipeline.result import RolloutResult
-from miles_lite.pipeline.result import renumbered as _renumbered
 from miles_lite.pipeline.scoring import Scorer
-from miles_lite.pipeline.seeds import group_seeds
 from miles_lite.pipeline.text_metrics import text_metrics
 from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.spans import UnitSpan
@@ -143,42 +142,16 @@ class TextRollout:
                 )
             yield rollout
 
-    def make_groups(
-        self,
-        prompts: Sequence[str | list[dict[str, Any]] | PromptGroup | list[Sample]],
-        rollout_id: int = 0,
-    ) -> list[list[Sample]]:
-        """``n_samples_per_prompt`` samples per prompt (text or chat ``messages``), seeded.
-
-        A prompt that is a list of :class:`Sample` (a ``partial`` group of an earlier
-        result) is taken as it is; a list of message dicts is a chat prompt.
-        """
-        n = self.config.n_samples_per_prompt
-        groups: list[list[Sample]] = []
-        for g, spec in enumerate(prompts):
-            if isinstance(spec, list) and spec and all(isinstance(s, Sample) for s in spec):
-                groups.append(_renumbered(spec, g, n))  # type: ignore[arg-type]
-                continue
-            group = spec if isinstance(spec, PromptGroup) else PromptGroup(prompt=spec)  # type: ignore[arg-type]
-            seeds = group.seeds or group_seeds(self.config.seed, rollout_id, g, n)
-            groups.append(
-                [
-                    Sample(
-                        index=g * n + j,
-                        group_index=g,
-                        prompt=group.prompt,
-                        label=group.label,
-                        seed=seeds[j],
-                        metadata=dict(group.metadata),
-                    )
-                    for j in range(n)
-                ]
-            )
-        return groups
+    def make_groups(self, prompts: Sequence[GroupSpec], rollout_id: int = 0) -> list[list[Sample]]:
+        """The samples of each prompt, numbered and seeded (see :func:`make_groups`)."""
+        config = self.config
+        return make_groups(
+            prompts, n_samples=config.n_samples_per_prompt, seed=config.seed, rollout_id=rollout_id
+        )
 
     async def run(
         self,
-        prompts: Sequence[str | list[dict[str, Any]] | PromptGroup | list[Sample]],
+        prompts: Sequence[GroupSpec],
         *,
         rollout_id: int | None = None,
     ) -> RolloutResult:
