@@ -16,7 +16,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,11 +28,12 @@ from miles_lite.errors import (
     EngineTimeoutError,
     EngineUnavailableError,
 )
+from miles_lite.testing._start_stop import StartStop
 from miles_lite.testing.engine import StandInEngine
 from miles_lite.testing.engine_config import StandInConfig
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    pass
 
 __all__ = ["EngineProcess", "EngineProcessGroup"]
 
@@ -42,50 +42,7 @@ _START_METHODS = ("spawn", "forkserver")
 _POLL_S = 0.05
 
 
-class _StartStop:
-    """Sync and async context management over blocking ``start()``/``stop()``.
-
-    The async form runs them in a worker thread and stops even when cancelled in start.
-    """
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        try:
-            await anyio.to_thread.run_sync(self.start)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.stop)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.stop)
-
-
-class EngineProcess(_StartStop):
+class EngineProcess(StartStop):
     """A :class:`~miles_lite.testing.StandInEngine` in a child process.
 
     Usage (sync or async)::
@@ -252,7 +209,7 @@ class EngineProcess(_StartStop):
         return _call_json(f"{self.url}/_stand_in/stats", None)
 
 
-class EngineProcessGroup(_StartStop):
+class EngineProcessGroup(StartStop):
     """Several :class:`EngineProcess` started side by side (their start-ups overlap).
 
     Usage: ``with EngineProcessGroup([StandInConfig()] * 4) as group: group.urls``.

@@ -28,11 +28,8 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
-import anyio
-import anyio.to_thread
 import psutil
 
 from miles_lite.errors import (
@@ -41,9 +38,10 @@ from miles_lite.errors import (
     EngineTimeoutError,
     EngineUnavailableError,
 )
+from miles_lite.testing._start_stop import StartStop
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    pass
 
 __all__ = ["SGLangServer", "SGLangServerConfig", "default_sglang_venv"]
 
@@ -126,7 +124,7 @@ class SGLangServerConfig:
         return self.model_path if self.model_path is not None else self.venv / _MODEL_DIR
 
 
-class SGLangServer:
+class SGLangServer(StartStop):
     """A real SGLang server in its own process group.
 
     Usage (sync or async)::
@@ -302,40 +300,6 @@ class SGLangServer:
             _kill_tree(self._proc.pid, self._config.stop_timeout_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=1.0)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        try:
-            await anyio.to_thread.run_sync(self.start)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.stop)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.stop)
 
 
 def _free_port(host: str) -> int:
