@@ -1,18 +1,25 @@
 """TextRollout against the real SGLang server: real token ids, log-probs and finish reasons
-satisfy the sample invariants; weight versions change between two rollouts."""
+satisfy the sample invariants, single turn and multi-turn; an oversampled rollout stops
+early with partial output and nothing left running; weight versions change between two
+rollouts."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
+import anyio
 import pytest
 
 from miles_lite.engine.client_config import EngineClientConfig
+from miles_lite.generate import GenerateFn, GenerateFnInput, multi_turn, single_turn
 from miles_lite.generate.text_request import check_text_sample
+from miles_lite.generate.tool_calls import ToolCall
 from miles_lite.pipeline.text_rollout import TextRollout, TextRolloutConfig
 from miles_lite.sampling import TextSamplingParams
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer
@@ -27,12 +34,28 @@ def tokenizer() -> Iterator[Any]:
 
 
 @asynccontextmanager
-async def rollout_on(url: str, tokenizer: Any, **config: Any) -> AsyncIterator[TextRollout]:
-    cfg = TextRolloutConfig(sampling=TextSamplingParams(max_new_tokens=8), **config)
+async def rollout_on(
+    url: str,
+    tokenizer: Any,
+    *,
+    generate: GenerateFn | None = None,
+    generate_options: dict[str, Any] | None = None,
+    **config: Any,
+) -> AsyncIterator[TextRollout]:
+    config.setdefault("sampling", TextSamplingParams(max_new_tokens=8))
     async with TextRollout.open(
-        [url], tokenizer=tokenizer, config=cfg, client_config=EngineClientConfig()
+        [url],
+        tokenizer=tokenizer,
+        config=TextRolloutConfig(**config),
+        client_config=EngineClientConfig(),
+        generate=generate,
+        generate_options=generate_options,
     ) as rollout:
         yield rollout
+
+
+def assert_real_log_probs(values: Any) -> None:
+    assert all(isinstance(x, float) and x <= 0.0 and math.isfinite(x) for x in values)
 
 
 async def test_single_turn_samples_hold_the_real_servers_tokens(
@@ -53,8 +76,7 @@ async def test_single_turn_samples_hold_the_real_servers_tokens(
             assert sample.response_length == 8
         assert sample.loss_mask == [1] * sample.response_length
         assert sample.rollout_log_probs is not None
-        lps = list(sample.rollout_log_probs)
-        assert all(isinstance(x, float) and x <= 0.0 and math.isfinite(x) for x in lps)
+        assert_real_log_probs(sample.rollout_log_probs)
         assert len(sample.request_id or "") == 32
         assert sample.weight_versions
     assert result.groups[1][0].tokens[: len(chat_ids)] == chat_ids
@@ -75,3 +97,119 @@ async def test_weight_version_update_between_rollouts_shows_in_samples(
         after = await rollout.run(["Hello there"])
     assert version not in {v for s in before.samples for v in s.weight_versions}
     assert {v for s in after.samples for v in s.weight_versions} == {version}
+
+
+# A random-weight model never writes a tool call, and rarely its end-of-turn token. So
+# every token id is a stop token here (each turn is one real token ending in "stop"), and
+# the parser reads every turn as a call: the rollout goes through max_turns real turns.
+EVERY_TOKEN_STOPS = TextSamplingParams(
+    max_new_tokens=8, temperature=0.0, stop_token_ids=list(range(160_000))
+)
+
+
+async def echo(name: str, arguments: dict[str, Any]) -> str:
+    return f"{name} ran with {arguments}"
+
+
+async def test_multi_turn_samples_hold_every_turn_of_the_real_server(
+    sglang_url: str, tokenizer: Any
+) -> None:
+    options = {
+        "generate_max_turns": 3,
+        "generate_tool_call_parser": lambda text: [ToolCall(name="lookup", arguments={"q": 1})],
+        "generate_execute_tool_function_path": echo,
+    }
+    async with rollout_on(
+        sglang_url,
+        tokenizer,
+        generate=multi_turn.generate,
+        generate_options=options,
+        n_samples_per_prompt=2,
+        sampling=EVERY_TOKEN_STOPS,
+    ) as rollout:
+        result = await rollout.run(["Look something up, then answer."])
+        client = rollout.state.router.client
+        for sample in result.samples:
+            assert sample.error is None, sample.error
+            check_text_sample(sample)
+            assert sample.status is SampleStatus.TRUNCATED
+            mask, log_probs = sample.loss_mask, sample.rollout_log_probs
+            assert mask is not None and isinstance(log_probs, list)
+            assert sample.metadata["turns"] == 3
+            assert sample.metadata["truncated_reason"] == "max_turns"
+            # The last turn's real finish reason: a stop token, the one it generated.
+            assert sample.metadata["finish_reason"] == "stop"
+            assert sample.metadata["matched_stop"] == sample.tokens[-1 - mask[::-1].index(1)]
+            # one model token (mask 1) then the tool turn's tokens (mask 0), three times
+            starts = [i for i, m in enumerate(mask) if m == 1]
+            assert len(starts) == 3 and starts[0] == 0
+            assert all(mask[i + 1] == 0 for i in starts)
+            assert all(log_probs[i] == 0.0 for i, m in enumerate(mask) if m == 0)
+            assert_real_log_probs([log_probs[i] for i in starts])
+            prompt_len = len(sample.tokens) - sample.response_length
+            assert "lookup ran with {'q': 1}" in tokenizer.decode(sample.tokens[prompt_len:])
+            # Token in, token out: given everything before it, the real server's greedy
+            # token and log-prob at each model position are the sample's.
+            for i in starts:
+                answer = await client.post_json(
+                    sglang_url,
+                    "/generate",
+                    {
+                        "input_ids": sample.tokens[: prompt_len + i],
+                        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                        "return_logprob": True,
+                    },
+                )
+                ((lp, tok, _),) = answer["meta_info"]["output_token_logprobs"]
+                assert tok == sample.tokens[prompt_len + i]
+                assert lp == pytest.approx(log_probs[i], abs=1e-3)
+
+
+async def test_oversampled_rollout_stops_early_with_partial_output_then_resumes(
+    sglang_url: str, tokenizer: Any
+) -> None:
+    """Group 0 finishes after ~1.5 s with one token; by then the other groups' long
+    generations have real tokens. The stop aborts them at the engine: they come back
+    ABORTED with that partial output, /v1/loads reports nothing running, and a second
+    run resumes them to their original budget."""
+
+    async def first_group_quick(input: GenerateFnInput) -> Any:
+        if input.sample.group_index == 0:
+            await anyio.sleep(1.5)
+            input.sampling_params["max_new_tokens"] = 1
+        return await single_turn.generate(input)
+
+    budget = 24
+    async with rollout_on(
+        sglang_url,
+        tokenizer,
+        generate=first_group_quick,
+        n_samples_per_prompt=2,
+        rollout_batch_size=1,
+        over_sampling_batch_size=3,
+        sampling=TextSamplingParams(max_new_tokens=budget, extra={"ignore_eos": True}),
+    ) as rollout:
+        first = await rollout.run(["Count to ten.", "Name a colour.", "Say hello."])
+        async with aiohttp.ClientSession() as http, http.get(sglang_url + "/v1/loads") as resp:
+            loads = (await resp.json())["loads"]
+        assert sum(x["num_running_reqs"] + x["num_waiting_reqs"] for x in loads) == 0
+        assert [g[0].prompt for g in first.groups] == ["Count to ten."]
+        partial = [s for g in first.partial for s in g]
+        assert len(partial) == 4
+        for sample in partial:
+            assert sample.status is SampleStatus.ABORTED, (sample.status, sample.error)
+            assert 0 < sample.response_length < budget
+            check_text_sample(sample)
+            assert sample.reward is None
+        resumed_from = {s.seed: s.tokens for s in partial}
+        everything = dataclasses.replace(
+            rollout.config, rollout_batch_size=None, over_sampling_batch_size=None
+        )
+        resume = TextRollout(config=everything, router=rollout.state.router, tokenizer=tokenizer)
+        second = await resume.run(first.partial)
+    for sample in second.samples:
+        assert sample.error is None, sample.error
+        check_text_sample(sample)
+        assert sample.status is SampleStatus.TRUNCATED and sample.response_length == budget
+        before = resumed_from[sample.seed]
+        assert sample.tokens[: len(before)] == before  # continued, not started over
