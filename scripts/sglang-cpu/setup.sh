@@ -36,41 +36,10 @@ RUNTIME_DEPS=(
 # conformance tier builds real diffusion bodies with it; no diffusion model is loaded).
 DIFFUSION_DEPS=(imageio imageio-ffmpeg addict diffusers cache-dit "torch==$TORCH_VERSION")
 
-fail() {
-  echo "setup.sh: FAILED: $*" >&2
-  exit 1
-}
-
-T0=$EPOCHREALTIME
-elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
-step() {
-  # step NAME COMMAND...: run once, stamp on success, print its time either way.
-  local name="$1"
-  shift
-  local t0
-  t0=$EPOCHREALTIME
-  if [[ -f "$STAMPS/$name" ]]; then
-    printf 'setup.sh: %-22s reused\n' "$name"
-    return 0
-  fi
-  local log="$VENV/.setup-$name.log"
-  if ! "$@" >"$log" 2>&1; then
-    tail -n 15 "$log" >&2 || true
-    if grep -qiE "Could not find a version|No matching distribution|Connection|Max retries|Name or service|Temporary failure|timed out|NewConnectionError" "$log"; then
-      fail "step $name: the package registry could not be reached or lacks a package (log: $log)"
-    fi
-    fail "step $name failed (log: $log)"
-  fi
-  touch "$STAMPS/$name"
-  printf 'setup.sh: %-22s done in %s s\n' "$name" "$(elapsed "$t0")"
-}
-
-if [[ ! -x "$VENV/bin/python" || ! -f "$STAMPS/venv" ]]; then
-  rm -rf "$VENV"
-  mkdir -p "$VENV"
-  "$PYTHON_BIN" -m venv "$VENV" || fail "python3 -m venv $VENV failed"
-  mkdir -p "$STAMPS"
-fi
+TAG=setup.sh
+# shellcheck source=../lib/steps.sh
+. "$ROOT/scripts/lib/steps.sh"
+new_venv
 PIP=("$VENV/bin/python" -m pip install -q --retries 2 --timeout 60)
 
 step venv "$VENV/bin/python" -m pip --version
