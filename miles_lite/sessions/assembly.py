@@ -150,23 +150,22 @@ def merge_turns(
             merged.append(current)
             current, last_output = _own_copy(turn), turn.response_length
             continue
+        # `current` owns its lists (_own_copy): extend them in place, so a turn costs its
+        # own tokens, not the trajectory's (the prefix check above runs at C speed).
+        mask, log_probs = current.loss_mask, current.rollout_log_probs
+        assert isinstance(mask, list) and isinstance(log_probs, list)
         if trim:
-            _strip(current, trim)
+            del current.tokens[-trim:], mask[-trim:], log_probs[-trim:]
+            current.response_length -= trim
             trimmed += trim
         between = prompt[len(current.tokens) :]
-        current.tokens = list(turn.tokens)
-        current.response += decode(list(between)) + turn.response
+        current.tokens += turn.tokens[len(current.tokens) :]
+        current.response += decode(between) + turn.response
         current.response_length += len(between) + turn.response_length
-        current.loss_mask = [
-            *(current.loss_mask or []),
-            *[0] * len(between),
-            *(turn.loss_mask or []),
-        ]
-        current.rollout_log_probs = [
-            *_floats(current.rollout_log_probs),
-            *[0.0] * len(between),
-            *_floats(turn.rollout_log_probs),
-        ]
+        mask += [0] * len(between)
+        mask += turn.loss_mask or []
+        log_probs += [0.0] * len(between)
+        log_probs += _floats(turn.rollout_log_probs)
         current.weight_versions += turn.weight_versions
         current.status = turn.status
         last_output = turn.response_length
