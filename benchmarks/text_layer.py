@@ -13,9 +13,17 @@ baseline in the same run:
   client pays);
 - ``latency@C``: the same over a mock holding each request ``tokens x latency``: the
   layer's added latency (end to end minus the mock's service time), p50 / p99;
+- ``chat-latency@C``: agent turns (``openai`` client) over the holding mock: added latency
+  through the session server, and over the same client talking straight to the engine;
 - ``chat@C``: agent turns with the real ``openai`` client through the session server
   (TITO records, sample assembly) against the same client talking straight to the engine;
-- ``turns@K``: one session of K turns: time per turn and TITO assembly per turn;
+  ``chat-aiohttp@C``: the same with a light aiohttp agent, so the session server, not the
+  client, is what bounds the turns/s;
+- ``miles@C`` / ``miles-aiohttp@C`` (default run, or ``--miles-peer``): the same loads
+  through miles' own session server and client-side sample assembly (``miles-rl`` 0.0.2 in
+  a venv of its own, built by ``miles_peer/setup.sh``; its server runs in its own process);
+- ``turns@K``: one session of K turns (light agent): time per turn and TITO assembly per
+  turn;
 - ``stop``: an oversampled rollout stopping early with N requests in flight: time from the
   stop to nothing running at the engine.
 
@@ -28,8 +36,10 @@ requests, event-loop lag (1 ms ticker) p50/p99/max, peak RSS.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -54,6 +64,8 @@ from miles_lite.generate.text_state import TextState
 from miles_lite.types import Sample, SampleStatus
 
 HERE = Path(__file__).resolve().parent
+#: The agents' HTTP clients, each a set of chat rows (see chat_client).
+CHAT_CLIENTS = ("openai", "aiohttp")
 
 
 @dataclass
@@ -242,38 +254,91 @@ async def layer_generate(
     return m, latencies
 
 
+Send = Callable[[list[dict[str, Any]], int], Awaitable[tuple[str, int]]]
+
+
+@asynccontextmanager
+async def chat_client(kind: str) -> AsyncIterator[Callable[[str, str], Send]]:
+    """One HTTP client shared by all agents (as a tuned user shares one); yields
+    ``for_session(base_url, api_key) -> send(messages, max_tokens) -> (content, tokens)``.
+
+    ``openai``: the real ``openai`` client, per agent a ``with_options`` copy sharing its
+    connection pool; ``aiohttp``: a light agent posting the same JSON, so that the session
+    server, not the client, is what is measured.
+    """
+    if kind == "openai":
+        import openai
+
+        base = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="-", max_retries=0)
+
+        def for_openai(base_url: str, key: str) -> Send:
+            client = base.with_options(base_url=base_url, api_key=key)
+
+            async def send(messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, int]:
+                answer = await client.chat.completions.create(
+                    model="default",
+                    messages=messages,  # type: ignore[arg-type]
+                    max_tokens=max_tokens,
+                )
+                tokens = answer.usage.completion_tokens if answer.usage else 0
+                return str(answer.choices[0].message.content), tokens
+
+            return send
+
+        try:
+            yield for_openai
+        finally:
+            await base.close()
+        return
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        def for_aiohttp(base_url: str, key: str) -> Send:
+            headers = {"Authorization": f"Bearer {key}"}
+
+            async def send(messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, int]:
+                body = {"model": "default", "messages": messages, "max_tokens": max_tokens}
+                async with http.post(
+                    f"{base_url}/chat/completions", json=body, headers=headers
+                ) as resp:
+                    answer = await resp.json()
+                    if resp.status != 200:
+                        raise RuntimeError(f"chat turn failed: {resp.status} {answer}")
+                content = answer["choices"][0]["message"]["content"]
+                return str(content), int(answer["usage"]["completion_tokens"])
+
+            return send
+
+        yield for_aiohttp
+
+
 async def chat_turns(
     base_url_for: Callable[[], Awaitable[tuple[str, str]]],
     close: Callable[[str], Awaitable[Any]],
+    client: str,
     sessions: int,
     turns: int,
     max_tokens: int,
     mode: str,
+    latencies: list[float],
 ) -> Measure:
-    """``sessions`` agents at once, each ``turns`` chat turns with the openai client."""
-    import openai
-
-    async with probe(mode, "") as m:
+    """``sessions`` agents at once, each ``turns`` chat turns with ``client`` (see
+    :func:`chat_client`); each turn's end-to-end time goes to ``latencies``."""
+    async with chat_client(client) as for_session, probe(mode, "") as m:
 
         async def agent() -> None:
             base_url, key = await base_url_for()
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+            send = for_session(base_url, key)
             messages: list[dict[str, Any]] = [{"role": "user", "content": "Solve the task."}]
             try:
                 for turn in range(turns):
-                    answer = await client.chat.completions.create(
-                        model="default",
-                        messages=messages,
-                        max_tokens=max_tokens,  # type: ignore[arg-type]
-                    )
+                    t0 = time.perf_counter()
+                    content, tokens = await send(messages, max_tokens)
+                    latencies.append(time.perf_counter() - t0)
                     m.requests += 1
-                    m.output_tokens += answer.usage.completion_tokens if answer.usage else 0
-                    messages.append(
-                        {"role": "assistant", "content": answer.choices[0].message.content}
-                    )
+                    m.output_tokens += tokens
+                    messages.append({"role": "assistant", "content": content})
                     messages.append({"role": "tool", "content": f"result {turn}"})
             finally:
-                await client.close()
                 await close(key)
 
         async with anyio.create_task_group() as tg:
@@ -282,9 +347,25 @@ async def chat_turns(
     return m
 
 
+@dataclass
+class ChatRun:
+    """Agent turns through the session server, and the same client straight to the engine."""
+
+    layer: Measure
+    direct: Measure
+    layer_latencies: list[float]
+    direct_latencies: list[float]
+
+
 async def run_chat(
-    url: str, sessions: int, turns: int, max_tokens: int, tokenizer: Any
-) -> tuple[Measure, Measure, dict[str, float]]:
+    url: str,
+    sessions: int,
+    turns: int,
+    max_tokens: int,
+    tokenizer: Any,
+    mode: str = "chat",
+    client: str = "openai",
+) -> ChatRun:
     from miles_lite.sessions import SessionServer, assemble_samples
 
     async def direct() -> tuple[str, str]:
@@ -293,16 +374,26 @@ async def run_chat(
     async def nothing(key: str) -> None:
         return None
 
+    direct_latencies: list[float] = []
+    direct_name = "openai-direct" if client == "openai" else f"{client}-direct"
     bare = await chat_turns(
-        direct, nothing, sessions, turns, max_tokens, f"openai-direct@{sessions}"
+        direct,
+        nothing,
+        client,
+        sessions,
+        turns,
+        max_tokens,
+        f"{direct_name}{mode.removeprefix('chat').removeprefix(f'-{client}')}@{sessions}",
+        direct_latencies,
     )
+    latencies: list[float] = []
     assembly_s = 0.0
     assembled = 0
     mismatches = 0
     router_config = RouterConfig(max_inflight_per_engine=max(sessions, 1))
     async with (
-        EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client,
-        Router([url], client, router_config) as router,
+        EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as engine_client,
+        Router([url], engine_client, router_config) as router,
     ):
         sampling = TextSamplingParams(max_new_tokens=max_tokens)
         state = TextState(tokenizer=tokenizer, router=router, sampling=sampling)
@@ -326,13 +417,94 @@ async def run_chat(
                     check_text_sample(sample)
 
             layer = await chat_turns(
-                open_one, close_one, sessions, turns, max_tokens, f"chat@{sessions}"
+                open_one,
+                close_one,
+                client,
+                sessions,
+                turns,
+                max_tokens,
+                f"{mode}@{sessions}",
+                latencies,
             )
-    extra = {
-        "assembly_ms_per_turn": 1000 * assembly_s / max(assembled, 1),
-        "tito_mismatches": float(mismatches),
-    }
-    return layer, bare, extra
+    layer.baseline = bare.mode
+    layer.extra["throughput_vs_direct"] = layer.rps / bare.rps
+    layer.extra["assembly_ms_per_turn"] = 1000 * assembly_s / max(assembled, 1)
+    layer.extra["tito_mismatches"] = float(mismatches)
+    return ChatRun(layer, bare, latencies, direct_latencies)
+
+
+def add_latency(m: Measure, latencies: list[float], service_s: float) -> None:
+    """The added latency (end to end minus the mock's service time), p50 and p99, in ms."""
+    added = sorted(1000 * (v - service_s) for v in latencies)
+    m.extra["added_latency_p50_ms"] = statistics.median(added)
+    m.extra["added_latency_p99_ms"] = added[min(len(added) - 1, int(0.99 * len(added)))]
+
+
+async def run_miles_peer(args: argparse.Namespace, url: str) -> list[Measure]:
+    """miles' session server (miles-rl 0.0.2, in a venv of its own) on the chat load.
+
+    The venv is built by ``miles_peer/setup.sh`` (idempotent). Its session server runs
+    in its own process in front of the same mock; its agents and client-side sample
+    assembly run in another (``miles_peer/agent_load.py``), as in miles. The CPU figure
+    adds both processes.
+    """
+    from miles_lite.testing import qwen3_tokenizer_dir
+
+    setup = [str(HERE / "miles_peer" / "setup.sh"), str(args.miles_venv)]
+    await anyio.run_process(setup, stdout=None, stderr=None)
+    python = str(args.miles_venv / "bin" / "python")
+    tokenizer = str(qwen3_tokenizer_dir())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    session_url = f"http://127.0.0.1:{port}"
+    server_cmd = [python, str(HERE / "miles_peer" / "session_server.py")]
+    server_cmd += ["--tokenizer", tokenizer, "--port", str(port), "--backend-url", url]
+    out: list[Measure] = []
+    async with await anyio.open_process(server_cmd, stdout=None, stderr=None) as server:
+        try:
+            async with aiohttp.ClientSession() as http:
+                with anyio.fail_after(120):
+                    while True:
+                        try:
+                            async with http.get(f"{session_url}/health") as resp:
+                                if resp.status == 200:
+                                    break
+                        except aiohttp.ClientConnectionError:
+                            pass
+                        if server.returncode is not None:
+                            raise RuntimeError("miles' session server exited at start")
+                        await anyio.sleep(0.5)
+            server_cpu = psutil.Process(server.pid)
+            for client, sessions in itertools.product(CHAT_CLIENTS, args.chat_sessions):
+                cpu0 = sum(server_cpu.cpu_times()[:2])
+                load = [python, str(HERE / "miles_peer" / "agent_load.py")]
+                load += ["--session-url", session_url, "--tokenizer", tokenizer]
+                load += ["--sessions", str(sessions), "--turns", str(args.chat_turns)]
+                load += ["--max-tokens", str(args.chat_tokens), "--client", client]
+                done = await anyio.run_process(load, stderr=None)
+                r = json.loads(done.stdout.decode().strip().splitlines()[-1])
+                cpu_s = r["cpu_s"] + sum(server_cpu.cpu_times()[:2]) - cpu0
+                name = "miles" if client == "openai" else f"miles-{client}"
+                m = Measure(
+                    f"{name}@{sessions}", "", r["turns"], r["seconds"], r["output_tokens"], cpu_s
+                )
+                ordered = sorted(r["latencies_s"])
+                m.extra = {
+                    "turn_p50_ms": 1000 * ordered[len(ordered) // 2],
+                    "assembly_ms_per_turn": 1000 * r["assembly_s"] / max(r["records"], 1),
+                    "bad_masks": float(r["bad_masks"]),
+                }
+                if r["samples"] != sessions or r["records"] != sessions * args.chat_turns:
+                    raise AssertionError(f"miles' peer run lost turns: {r}")
+                out.append(m)
+        finally:
+            server.terminate()
+            with anyio.move_on_after(10):
+                await server.wait()
+            if server.returncode is None:
+                server.kill()
+    return out
 
 
 async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
@@ -411,24 +583,48 @@ async def run_all(
         bare, bare_lat = await bare_generate(
             slow_url, c, c, args.output_tokens, args.prompt_tokens, f"latency-bare@{c}"
         )
-        for m, values in ((layer, lat), (bare, bare_lat)):
-            added = sorted(1000 * (v - service) for v in values)
-            m.extra["added_latency_p50_ms"] = statistics.median(added)
-            m.extra["added_latency_p99_ms"] = added[min(len(added) - 1, int(0.99 * len(added)))]
+        add_latency(layer, lat, service)
+        add_latency(bare, bare_lat, service)
         layer.baseline = bare.mode
         out += [layer, bare]
-        for sessions in args.chat_sessions:
-            layer, bare, extra = await run_chat(
-                zero_url, sessions, args.chat_turns, args.chat_tokens, tokenizer
-            )
-            layer.extra.update(extra)
-            layer.baseline = bare.mode
-            layer.extra["throughput_vs_openai_direct"] = layer.rps / bare.rps
-            out += [layer, bare]
+        # Warm both chat paths first (lazy imports and caches): the first mode measured
+        # would otherwise pay for them.
+        for client in CHAT_CLIENTS:
+            await run_chat(zero_url, 2, 2, args.chat_tokens, tokenizer, client=client)
+        # The same for agent turns: C sessions, each turn held chat_tokens x latency.
+        chat = await run_chat(
+            slow_url, c, args.chat_turns, args.chat_tokens, tokenizer, mode="chat-latency"
+        )
+        service = args.chat_tokens * args.token_latency_ms / 1000
+        add_latency(chat.layer, chat.layer_latencies, service)
+        add_latency(chat.direct, chat.direct_latencies, service)
+        for q in ("p50", "p99"):
+            key = f"added_latency_{q}_ms"
+            chat.layer.extra[f"{key}_over_direct"] = chat.layer.extra[key] - chat.direct.extra[key]
+        out += [chat.layer, chat.direct]
+        # Agent turns with the openai client, then with a light aiohttp agent: with the
+        # latter the session server, not the client, bounds the turns/s.
+        chats = []
+        for client in CHAT_CLIENTS:
+            mode = "chat" if client == "openai" else f"chat-{client}"
+            for sessions in args.chat_sessions:
+                chat = await run_chat(
+                    zero_url, sessions, args.chat_turns, args.chat_tokens, tokenizer, mode, client
+                )
+                chats.append(chat.layer)
+                out += [chat.layer, chat.direct]
+        if args.miles_peer:
+            peers = await run_miles_peer(args, zero_url)
+            for layer, peer in zip(chats, peers, strict=True):
+                layer.extra["throughput_vs_miles"] = layer.rps / peer.rps
+            out += peers
+        # One long session: the light agent, so that the openai client's own per-call cost
+        # (it re-validates the whole history each call) does not hide the layer's.
         for turns in args.turn_sweep:
-            layer, _, extra = await run_chat(zero_url, 1, turns, args.chat_tokens, tokenizer)
-            layer.mode = f"turns@{turns}"
-            layer.extra.update(extra)
+            chat = await run_chat(zero_url, 1, turns, args.chat_tokens, tokenizer, client="aiohttp")
+            layer = chat.layer
+            layer.mode, layer.baseline = f"turns@{turns}", ""
+            del layer.extra["throughput_vs_direct"]
             layer.extra["ms_per_turn"] = 1000 * layer.seconds / max(layer.requests, 1)
             out.append(layer)
         out.append(await run_stop(slow_chat_url, args.stop_inflight, args.stop_tokens, tokenizer))
@@ -444,7 +640,11 @@ def table(results: list[Measure]) -> str:
     for m in results:
         base = by_mode.get(m.baseline)
         ratio = f"{m.rps / base.rps:.2f}x" if base and base.rps else "-"
-        notes = ", ".join(f"{k}={v:.3g}" for k, v in m.extra.items() if "vs" not in k)
+        notes = ", ".join(
+            f"{k}={v:.3g}"
+            for k, v in m.extra.items()
+            if k not in ("throughput_vs_bare", "throughput_vs_direct")
+        )
         lines.append(
             f"| {m.mode} | {m.rps:.0f} | {m.tokens_per_s:.0f} | {ratio} | "
             f"{1e6 * m.cpu_s / max(m.requests, 1):.0f} | {m.lag(0.5):.2f} / {m.lag(0.99):.2f} / "
@@ -459,14 +659,24 @@ def chart(results: list[Measure], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pairs = [(m, next(b for b in results if b.mode == m.baseline)) for m in results if m.baseline]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    xs = range(len(pairs))
-    ax.bar([x - 0.2 for x in xs], [b.rps for _, b in pairs], width=0.4, label="baseline")
-    ax.bar([x + 0.2 for x in xs], [m.rps for m, _ in pairs], width=0.4, label="miles_lite")
-    ax.set_xticks(list(xs), [m.mode for m, _ in pairs], rotation=20)
-    ax.set_ylabel("requests / s")
-    ax.set_title("text rollout layer vs its baseline (same mock engine, same run)")
+    by_mode = {m.mode: m for m in results}
+    pairs = [(m, by_mode[m.baseline]) for m in results if m.baseline in by_mode]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    xs = list(range(len(pairs)))
+    ax.bar([x - 0.27 for x in xs], [b.rps for _, b in pairs], width=0.27, label="baseline")
+    ax.bar(xs, [m.rps for m, _ in pairs], width=0.27, label="miles_lite")
+    peer = [
+        (x, by_mode.get(m.mode.replace("chat", "miles", 1)))
+        for x, (m, _) in enumerate(pairs)
+        if m.mode.startswith(("chat@", "chat-aiohttp@"))
+    ]
+    peer = [(x, p) for x, p in peer if p is not None]
+    if peer:
+        ax.bar([x + 0.27 for x, _ in peer], [p.rps for _, p in peer], width=0.27, label="miles")
+    ax.set_xticks(xs, [m.mode for m, _ in pairs], rotation=20)
+    ax.set_yscale("log")
+    ax.set_ylabel("requests (turns) / s, log scale")
+    ax.set_title("text rollout layer vs its baseline and miles (same mock engine, same run)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -488,7 +698,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-inflight", type=int, default=512)
     parser.add_argument("--stop-tokens", type=int, default=2000)
     parser.add_argument("--png", type=Path, default=HERE / "text_layer.png")
+    parser.add_argument(
+        "--miles-peer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run miles' session server on the chat load (default: on, off with --quick);"
+        " builds its venv with miles_peer/setup.sh on first use (a few minutes)",
+    )
+    parser.add_argument(
+        "--miles-venv",
+        type=Path,
+        default=Path(
+            os.environ.get(
+                "MILES_LITE_MILES_VENV", Path.home() / ".cache/miles-lite/miles-peer-venv"
+            )
+        ),
+    )
     args = parser.parse_args(argv)
+    if args.miles_peer is None:
+        args.miles_peer = not args.quick
     if args.quick:
         args.requests = 512
         args.concurrency = [1, 64, 512]
@@ -496,7 +724,6 @@ def main(argv: list[str] | None = None) -> int:
         args.chat_turns = 4
         args.turn_sweep = [4, 32]
         args.stop_inflight = 128
-        args.requests_note = "quick"
     with (
         MockProcess(0.0, args.chat_tokens) as zero_url,
         MockProcess(args.token_latency_ms / 1000, args.chat_tokens) as slow_url,

@@ -7,7 +7,8 @@ each request for ``max_new_tokens * token_latency_s``; ``/abort_request`` (rid o
 ``abort_all``) ends a held request at once with its partial output; ``/v1/loads`` reports
 what is held. Chat prompts are "tokenized" by a toy append-only template (see
 :func:`render`) that maps an assistant message back to the ids the mock generated for it,
-as a real engine's template round-trips its own output.
+as a real engine's template round-trips its own output; a chat body carrying
+``input_ids`` (miles' session server sends its own TITO ids) uses those instead.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ class MockEngine:
         body = json.loads(await request.read())
         rid = body.get("rid") or os.urandom(16).hex()
         n = int(body.get("max_tokens") or self.chat_tokens)
-        prompt = self.render(body["messages"], True)
+        # A session server doing its own TITO (miles') sends the prompt's ids.
+        prompt = body.get("input_ids") or self.render(body["messages"], True)
         made = await self.hold(rid, n)
         self.count(rid)
         ids = output_ids(made)

@@ -58,6 +58,7 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
         "16",
         "--png",
         str(chart),
+        "--no-miles-peer",
     ]
     out = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
@@ -65,7 +66,18 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(line for line in out.stdout.splitlines() if line.startswith("{"))
     modes = {m["mode"]: m for m in json.loads(line)["text_layer"]}
-    assert {"generate@8", "bare@8", "chat@2", "openai-direct@2", "turns@4", "stop@16"} <= set(modes)
+    assert {
+        "generate@8",
+        "bare@8",
+        "latency@8",
+        "chat@2",
+        "openai-direct@2",
+        "chat-latency@8",
+        "openai-direct-latency@8",
+        "turns@4",
+        "stop@16",
+    } <= set(modes)
+    assert modes["chat-latency@8"]["added_latency_p50_ms"] >= 0
     assert (
         modes["generate@8"]["served_twice"] == 0 and modes["generate@8"]["throughput_vs_bare"] > 0
     )

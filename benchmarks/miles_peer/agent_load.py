@@ -1,0 +1,155 @@
+"""The miles side of the benchmark's peer rows, run in the peer venv: agents driving chat
+turns through miles' session server, then miles' own client-side sample assembly, as its
+``agentic_tool_call`` generate function does (tracer, records, per-turn samples, merge).
+
+    $VENV/bin/python benchmarks/miles_peer/agent_load.py --session-url URL --tokenizer DIR \
+        --sessions 64 --turns 8 --max-tokens 32
+
+The load is the one ``text_layer.py`` runs through miles_lite: each agent sends the same
+messages with the same client (``--client``: the ``openai`` client, or a light aiohttp
+agent posting the same JSON). Prints one JSON line: turns, seconds, CPU seconds,
+output tokens, turn latencies, assembly time, and what the assembled samples hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import openai
+from miles.rollout.generate_utils.openai_endpoint_utils import (
+    OpenAIEndpointTracer,
+    compute_samples_from_openai_records,
+)
+from miles.rollout.generate_utils.sample_utils import merge_samples
+from miles.utils.http_utils import init_http_client
+from miles.utils.types import Sample
+from transformers import AutoTokenizer
+
+
+async def agent(
+    args: SimpleNamespace, tokenizer: Any, a: argparse.Namespace, out: dict[str, Any]
+) -> None:
+    tracer = await OpenAIEndpointTracer.create(args)
+    send = a.for_session(f"{tracer.base_url}/v1")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Solve the task."}]
+    try:
+        for turn in range(a.turns):
+            t0 = time.perf_counter()
+            content, tokens = await send(messages, a.max_tokens)
+            out["latencies_s"].append(time.perf_counter() - t0)
+            out["turns"] += 1
+            out["output_tokens"] += tokens
+            messages.append({"role": "assistant", "content": content})
+            messages.append({"role": "tool", "content": f"result {turn}"})
+    finally:
+        records, metadata = await tracer.collect_records()
+    t0 = time.perf_counter()
+    samples = compute_samples_from_openai_records(
+        args,
+        Sample(prompt=messages[:1]),
+        records,
+        tokenizer,
+        accumulated_token_ids=metadata.get("accumulated_token_ids"),
+        max_trim_tokens=metadata.get("max_trim_tokens", 0),
+    )
+    sample = merge_samples(samples, tokenizer)
+    out["assembly_s"] += time.perf_counter() - t0
+    out["samples"] += 1
+    out["records"] += len(records)
+    out["loss_tokens"] += sum(sample.loss_mask)
+    out["bad_masks"] += int(len(sample.loss_mask) != sample.response_length)
+
+
+async def run(a: argparse.Namespace) -> dict[str, Any]:
+    host, port = a.session_url.removeprefix("http://").rsplit(":", 1)
+    args = SimpleNamespace(
+        session_server_ip=host,
+        session_server_port=int(port),
+        rollout_num_gpus=1,
+        rollout_num_gpus_per_engine=1,
+        sglang_server_concurrency=max(a.sessions, 64),
+        use_distributed_post=False,
+        use_rollout_routing_replay=False,
+    )
+    init_http_client(args)
+    tokenizer = AutoTokenizer.from_pretrained(a.tokenizer)
+    out: dict[str, Any] = dict(
+        turns=0,
+        output_tokens=0,
+        latencies_s=[],
+        assembly_s=0.0,
+        samples=0,
+        records=0,
+        loss_tokens=0,
+        bad_masks=0,
+    )
+    async with AsyncExitStack() as stack:
+        a.for_session = await stack.enter_async_context(chat_client(a.client))
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(agent(args, tokenizer, a, out) for _ in range(a.sessions)))
+        out["seconds"] = time.perf_counter() - t0
+        out["cpu_s"] = time.process_time() - cpu0
+    return out
+
+
+@asynccontextmanager
+async def chat_client(kind: str) -> AsyncIterator[Callable[[str], Any]]:
+    """The agents' shared client, as in text_layer.py: ``for_session(base_url) -> send``."""
+    if kind == "openai":
+        base = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="-", max_retries=0)
+
+        def for_openai(base_url: str) -> Any:
+            client = base.with_options(base_url=base_url)
+
+            async def send(messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, int]:
+                answer = await client.chat.completions.create(
+                    model="default", messages=messages, max_tokens=max_tokens
+                )
+                tokens = answer.usage.completion_tokens if answer.usage else 0
+                return str(answer.choices[0].message.content), tokens
+
+            return send
+
+        try:
+            yield for_openai
+        finally:
+            await base.close()
+        return
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        def for_aiohttp(base_url: str) -> Any:
+            async def send(messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, int]:
+                body = {"model": "default", "messages": messages, "max_tokens": max_tokens}
+                async with http.post(f"{base_url}/chat/completions", json=body) as resp:
+                    answer = await resp.json()
+                    if resp.status != 200:
+                        raise RuntimeError(f"chat turn failed: {resp.status} {answer}")
+                content = answer["choices"][0]["message"]["content"]
+                return str(content), int(answer["usage"]["completion_tokens"])
+
+            return send
+
+        yield for_aiohttp
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--session-url", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--client", choices=["openai", "aiohttp"], default="openai")
+    print(json.dumps(asyncio.run(run(parser.parse_args()))))
+
+
+if __name__ == "__main__":
+    main()
