@@ -231,6 +231,11 @@ class Router:
         return tuple(engine.url for engine in self._engines if engine.healthy)
 
     @property
+    def capacity(self) -> int:
+        """Requests the engines take at once: ``max_inflight_per_engine`` x engines."""
+        return self._config.max_inflight_per_engine * len(self._urls)
+
+    @property
     def client(self) -> EngineClient:
         """The engine client requests through this router are sent with."""
         return self._client

@@ -84,6 +84,7 @@ class DiffusionRollout:
             filters=[filters] if callable(filters) else list(filters),
             progress=progress,
             stop_timeout_s=config.stop_timeout_s,
+            max_started_samples=2 * router.capacity * config.microgroup_size,
         )
         self._rollout_ids = itertools.count()
 

@@ -73,7 +73,11 @@ class Driver:
 
     ``filters`` are applied in order to each whole group (the first drop wins);
     ``progress`` shows a tqdm bar counted in samples; ``stop_timeout_s`` bounds an early
-    stop (abort at the engines and drain), in seconds.
+    stop (abort at the engines and drain), in seconds. ``max_started_samples`` bounds the
+    samples of the groups started and not yet done (``None``: start every group at once);
+    a group always starts when none runs. The rollouts set it to twice what their engines
+    take at once: starting 4,096 unit tasks in one go stalls the event loop for a second
+    while each runs its first step, and gains nothing, since they would wait for a slot.
     """
 
     def __init__(
@@ -84,12 +88,16 @@ class Driver:
         filters: Sequence[GroupFilter] = (),
         progress: bool = False,
         stop_timeout_s: float = 10.0,
+        max_started_samples: int | None = None,
     ) -> None:
+        if max_started_samples is not None and max_started_samples < 1:
+            raise ValueError(f"max_started_samples must be >= 1, got {max_started_samples}")
         self.kind = kind
         self.scorer = scorer
         self.filters = list(filters)
         self.progress = progress
         self.stop_timeout_s = stop_timeout_s
+        self.max_started_samples = max_started_samples
 
     async def run(
         self,
@@ -128,6 +136,9 @@ class _Run:
         self.batch_size = batch_size or max(self.target, 1)
         if self.target < 0 or self.batch_size < 1:
             raise ValueError(f"target {target!r} and batch_size {batch_size!r} must be >= 1")
+        self.max_started = driver.max_started_samples or math.inf
+        self.started_sizes: dict[int, int] = {}  # samples of each started group not yet done
+        self.started_samples = 0  # their sum
         self.kept: list[int] = []
         self.outputs: dict[int, list[list[Sample]]] = {}
         self.filtered: list[tuple[int, str]] = []
@@ -172,19 +183,28 @@ class _Run:
         n = len(self.groups)
         active = 0
         while True:
-            while self.started < n and active < self.target - len(self.kept):
+            while self.started < n and active < self.target - len(self.kept) and self._fits():
                 for _ in range(min(self.batch_size, n - self.started)):
+                    if not self._fits():
+                        break
+                    size = self.started_sizes[self.started] = len(self.groups[self.started])
+                    self.started_samples += size
                     tg.start_soon(self._run_group, self.started)
                     self.started += 1
                     active += 1
             if active == 0:
                 return
-            await self.done_receive.receive()
+            self.started_samples -= self.started_sizes.pop(await self.done_receive.receive())
             active -= 1
             if len(self.kept) >= self.target:
                 if active:
                     await self._stop(tg)
                 return
+
+    def _fits(self) -> bool:
+        """Whether the next group may start under ``max_started_samples``."""
+        size = len(self.groups[self.started])
+        return not self.started_sizes or self.started_samples + size <= self.max_started
 
     async def _stop(self, tg: Any) -> None:
         """Early stop: nothing new is sent, in-flight work is aborted, the rest cancelled."""

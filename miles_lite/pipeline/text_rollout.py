@@ -98,6 +98,7 @@ class TextRollout:
             filters=[filters] if callable(filters) else list(filters),
             progress=progress,
             stop_timeout_s=config.stop_timeout_s,
+            max_started_samples=2 * router.capacity,
         )
         self._rollout_ids = itertools.count()
 

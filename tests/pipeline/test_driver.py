@@ -237,3 +237,32 @@ async def test_cancelling_the_run_aborts_the_engines_and_propagates() -> None:
     with anyio.move_on_after(0.2):
         await driver.run(groups_of(["a", "b"]))
     assert kind.aborts == 1
+
+
+async def test_groups_start_as_earlier_ones_finish_under_max_started_samples() -> None:
+    running = peak = 0
+
+    class Counting(Kind):
+        async def generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            try:
+                return await super().generate(unit, span)
+            finally:
+                running -= 1
+
+    kind = Counting(lambda s: 0.01)
+    driver = Driver(kind, Scorer({}, reward=None, group_reward=None), max_started_samples=5)
+    result = await driver.run(groups_of([f"p{i}" for i in range(10)]))
+    assert len(result.groups) == 10 and all(
+        s.status is SampleStatus.COMPLETED for s in result.samples
+    )
+    assert peak == 4  # two groups of 2; a third would make 6 > 5
+    # A group larger than the bound still runs (alone).
+    big = await Driver(
+        Kind(lambda s: 0.0), Scorer({}, reward=None, group_reward=None), max_started_samples=1
+    ).run(groups_of(["a", "b"], n=3))
+    assert len(big.samples) == 6
+    with pytest.raises(ValueError, match="max_started_samples"):
+        Driver(kind, Scorer({}, reward=None, group_reward=None), max_started_samples=0)
