@@ -168,31 +168,39 @@ async def test_multi_turn_samples_hold_every_turn_of_the_real_server(
 async def test_oversampled_rollout_stops_early_with_partial_output_then_resumes(
     sglang_url: str, tokenizer: Any
 ) -> None:
-    """Group 0 finishes after ~1.5 s with one token; by then the other groups' long
-    generations have real tokens. The stop aborts them at the engine: they come back
-    ABORTED with that partial output, /v1/loads reports nothing running, and a second
-    run resumes them to their original budget."""
+    """Group 0 answers with one token once the other groups' long generations are all
+    running at the engine and have had a second to make tokens. The stop aborts them
+    there: they come back ABORTED with that partial output, /v1/loads reports nothing
+    running, and a second run resumes them from where they stopped."""
 
-    async def first_group_quick(input: GenerateFnInput) -> Any:
+    async def running_at_engine() -> int:
+        async with aiohttp.ClientSession() as http, http.get(sglang_url + "/v1/loads") as resp:
+            loads = (await resp.json())["loads"]
+        return sum(int(x["num_running_reqs"]) for x in loads)
+
+    async def first_group_last(input: GenerateFnInput) -> Any:
         if input.sample.group_index == 0:
-            await anyio.sleep(1.5)
+            with anyio.fail_after(60):
+                while True:
+                    if await running_at_engine() >= 4:
+                        break
+                    await anyio.sleep(0.1)
+            await anyio.sleep(1.0)
             input.sampling_params["max_new_tokens"] = 1
         return await single_turn.generate(input)
 
-    budget = 24
+    budget = 400  # far more than the others can make while group 0 waits
     async with rollout_on(
         sglang_url,
         tokenizer,
-        generate=first_group_quick,
+        generate=first_group_last,
         n_samples_per_prompt=2,
         rollout_batch_size=1,
         over_sampling_batch_size=3,
         sampling=TextSamplingParams(max_new_tokens=budget, extra={"ignore_eos": True}),
     ) as rollout:
         first = await rollout.run(["Count to ten.", "Name a colour.", "Say hello."])
-        async with aiohttp.ClientSession() as http, http.get(sglang_url + "/v1/loads") as resp:
-            loads = (await resp.json())["loads"]
-        assert sum(x["num_running_reqs"] + x["num_waiting_reqs"] for x in loads) == 0
+        assert await running_at_engine() == 0
         assert [g[0].prompt for g in first.groups] == ["Count to ten."]
         partial = [s for g in first.partial for s in g]
         assert len(partial) == 4
@@ -202,14 +210,21 @@ async def test_oversampled_rollout_stops_early_with_partial_output_then_resumes(
             check_text_sample(sample)
             assert sample.reward is None
         resumed_from = {s.seed: s.tokens for s in partial}
+        # Resume to a few tokens past the longest partial output (not the whole budget:
+        # the point is that each continues from its own tokens).
+        until = max(s.response_length for s in partial) + 4
         everything = dataclasses.replace(
-            rollout.config, rollout_batch_size=None, over_sampling_batch_size=None
+            rollout.config,
+            rollout_batch_size=None,
+            over_sampling_batch_size=None,
+            sampling=TextSamplingParams(max_new_tokens=until, extra={"ignore_eos": True}),
         )
         resume = TextRollout(config=everything, router=rollout.state.router, tokenizer=tokenizer)
         second = await resume.run(first.partial)
+    assert len(second.samples) == 4
     for sample in second.samples:
         assert sample.error is None, sample.error
         check_text_sample(sample)
-        assert sample.status is SampleStatus.TRUNCATED and sample.response_length == budget
+        assert sample.status is SampleStatus.TRUNCATED and sample.response_length == until
         before = resumed_from[sample.seed]
         assert sample.tokens[: len(before)] == before  # continued, not started over
