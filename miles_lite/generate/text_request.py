@@ -98,7 +98,7 @@ async def sample_prompt_ids(
         sample.multimodal_train_inputs = train_inputs
         return ids
     if sample.tokens and sample.response_length == 0:
-        return [int(i) for i in sample.tokens]
+        return list(map(int, sample.tokens))
     return await prompt_ids(state, sample.prompt, tools=tools)
 
 
@@ -155,7 +155,7 @@ def build_generate_payload(
     if sample.seed is not None:
         params.setdefault("sampling_seed", sample.seed)
     payload: dict[str, Any] = {
-        "input_ids": [int(i) for i in input_ids],
+        "input_ids": list(map(int, input_ids)),
         "sampling_params": params,
         "rid": rid or new_rid(),
         "return_logprob": True,

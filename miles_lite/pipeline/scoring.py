@@ -58,6 +58,8 @@ class Scorer:
             kind = sample.metadata.get("rm_type", self.reward)
             if kind is not None:
                 by_kind.setdefault(kind, []).append(sample)
+        if not by_kind:
+            return  # nothing to score: no task group, no checkpoint (hot path, per sample)
         if len(by_kind) == 1:
             ((kind, batch),) = by_kind.items()
             await self._score(kind, batch, url)

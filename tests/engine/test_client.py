@@ -421,6 +421,24 @@ async def test_json_control_endpoints(engine: ScriptedEngine) -> None:
 
 
 @pytest.mark.anyio
+async def test_json_bodies_nan_refused_before_sending_and_nan_answers_still_read(
+    engine: ScriptedEngine,
+) -> None:
+    # A NaN or infinity in a payload is not JSON and SGLang refuses it: refused here.
+    engine.script("/x", Reply(body=b'{"logprob": NaN, "ids": [1, 2], "none": null}'))
+    async with EngineClient(config()) as client:
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="JSON compliant"):
+                await client.post_json(engine.url, "/x", {"temperature": bad, "stop": None})
+        assert engine.count("/x") == 0
+        # None is null, not a refusal; an answer with NaN (Python's json writes it) is read.
+        answer = await client.post_json(engine.url, "/x", {"stop": None, "ids": [1, 2]})
+    assert answer["ids"] == [1, 2] and answer["none"] is None
+    assert answer["logprob"] != answer["logprob"]  # NaN
+    assert json.loads(engine.seen[0].body) == {"stop": None, "ids": [1, 2]}
+
+
+@pytest.mark.anyio
 async def test_health(engine: ScriptedEngine, refused_url: str) -> None:
     engine.script("/health", Reply(200), Reply(503))
     async with EngineClient(config()) as client:
