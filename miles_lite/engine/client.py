@@ -7,7 +7,6 @@ aiohttp's exceptions become miles_lite's in exactly one place, ``_aiohttp_errors
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -17,8 +16,8 @@ from typing import Any
 import aiohttp
 import anyio
 import anyio.to_thread
-import msgspec
 
+from miles_lite import _json
 from miles_lite.engine._aiohttp_errors import Attempt, Progress, translated, truncated_message
 from miles_lite.engine._body import fill_view, read_all_chunks, read_excerpt, writable_bytes
 from miles_lite.engine.client_config import EngineClientConfig
@@ -179,7 +178,7 @@ class EngineClient:
         (payload not JSON-serializable), and whatever ``into`` raises, unchanged. On
         cancellation the connection is closed and nothing is returned.
         """
-        data = _encode_json(payload)
+        data = _json.dumps(payload)
         policy = self._config.retry if retry else _NO_RETRY
         return await self._call("POST", url, path, data, request_id, into, timeout_s, policy)
 
@@ -220,7 +219,7 @@ class EngineClient:
         :meth:`post` (``retry=False``: one attempt). Raises the errors of :meth:`post`, and
         ``EngineProtocolError`` when the body is not JSON. Cancellation propagates.
         """
-        data = None if payload is None else _encode_json(payload)
+        data = None if payload is None else _json.dumps(payload)
         policy = self._config.retry if retry else _NO_RETRY
         raw = await self._call("POST", url, path, data, request_id, None, timeout_s, policy)
         return await _parse_json(raw, "POST", path)
@@ -448,31 +447,13 @@ def _join(url: str, path: str) -> str:
     return url.rstrip("/") + "/" + path.lstrip("/")
 
 
-_JSON_ENCODER = msgspec.json.Encoder()
-_JSON_DECODER = msgspec.json.Decoder()
-
-
-def _encode_json(payload: Any) -> bytes:
-    # msgspec is 10x faster than json here (a /generate body carries the prompt's ids).
-    # It writes NaN/Infinity as null, and SGLang rejects them anyway: when a null is in
-    # the body, let json find them and refuse them here, naming the value.
-    body = _JSON_ENCODER.encode(payload)
-    if b"null" in body:
-        json.dumps(payload, allow_nan=False)
-    return body
-
-
 async def _parse_json(raw: RawResponse, method: str, path: str) -> Any:
     if raw.nbytes == 0:
         return None
     try:
         # On the loop: json.loads holds the GIL throughout, so a thread would not free the
         # loop; control answers are a few KiB (a /generate answer with log-probs, ~1 MB).
-        return _JSON_DECODER.decode(raw.body)
-    except msgspec.DecodeError:
-        pass  # json also reads what msgspec refuses (NaN, Infinity), or names the error
-    try:
-        return json.loads(raw.body.tobytes())
+        return _json.loads(raw.body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise EngineProtocolError(
             f"answer to {method} {path} is not JSON ({raw.content_type}): {exc}",

@@ -65,7 +65,8 @@ def record_from_choice(
     choice = answer["choices"][0]
     prompt_ids = choice.get("prompt_token_ids")
     meta = choice.get("meta_info")
-    if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
+    # set(map(type, ...)) checks the ids at C speed: a turn's prompt is the whole history.
+    if not isinstance(prompt_ids, list) or not set(map(type, prompt_ids)) <= {int}:
         raise EngineProtocolError(
             "chat answer lacks choices[0].prompt_token_ids; the engine must honour "
             "return_prompt_token_ids (SGLang >= 0.5.23)",

@@ -14,7 +14,6 @@ aborted at the engine; early stop answers later requests at once with ``abort``.
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import uuid
 from collections.abc import Iterable
@@ -25,6 +24,7 @@ from typing import Any
 import anyio
 from aiohttp import web
 
+from miles_lite import _json
 from miles_lite.errors import (
     ClosedResourceError,
     EngineError,
@@ -417,9 +417,9 @@ class SessionServer:
             raise _Reply(too_large(None, limit)) from None
         try:
             if len(raw) > _OFF_LOOP_JSON_BYTES:
-                body = await anyio.to_thread.run_sync(json.loads, raw)
+                body = await anyio.to_thread.run_sync(_json.loads, raw)
             else:
-                body = json.loads(raw)
+                body = _json.loads(raw)
         except ValueError as exc:
             self._counts["bad_requests"] += 1
             raise _Reply(
@@ -502,11 +502,11 @@ class SessionServer:
                 # The agent went away (or the request was cancelled): stop the generation.
                 self._counts["disconnect_aborts"] += 1
                 await self._abort_rid(url, rid)
-        data = bytes(raw.body)
+        data = raw.body
         try:
             if len(data) > _OFF_LOOP_JSON_BYTES:
-                return await anyio.to_thread.run_sync(json.loads, data), url
-            return json.loads(data), url
+                return await anyio.to_thread.run_sync(_json.loads, data), url
+            return _json.loads(data), url
         except ValueError as exc:
             self._counts["engine_errors"] += 1
             session.engine_errors += 1
@@ -531,16 +531,16 @@ class SessionServer:
         payload = as_chunk(answer) if stream else answer
         if large:
             # Thousands of per-token log-prob entries take tens of ms to encode.
-            text = await anyio.to_thread.run_sync(json.dumps, payload)
+            text = await anyio.to_thread.run_sync(lambda: _json.dumps(payload, strict=False))
         else:
-            text = json.dumps(payload)
+            text = _json.dumps(payload, strict=False)
         if not stream:
-            return web.Response(text=text, content_type="application/json")
+            return web.Response(body=text, content_type="application/json")
         # The whole answer as one chunk, then [DONE] (as miles): ids and log-probs need the
         # complete answer, which SGLang does not stream.
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(f"data: {text}\n\n".encode())
+        await response.write(b"data: " + text + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
