@@ -113,3 +113,20 @@ def captures() -> Path:
     if not CAPTURES.is_dir():
         pytest.fail(f"captures not found at {CAPTURES}")
     return CAPTURES
+
+
+def separate_tier(
+    config: pytest.Config, items: list[pytest.Item], folder: Path, marker: str, timeout_s: float
+) -> None:
+    """Mark every test under ``folder`` with ``marker`` and a ``timeout_s`` limit; with no
+    ``-m`` given, deselect them, so a plain run does not start what it was not asked for
+    (a real server, another venv). A tier runs with ``pytest <folder> -m <marker>``."""
+    mine = [i for i in items if folder in Path(str(i.path)).parents]
+    for item in mine:
+        item.add_marker(getattr(pytest.mark, marker))
+        item.add_marker(pytest.mark.timeout(timeout_s))
+    if not config.option.markexpr:
+        keep = [i for i in items if i not in mine]
+        if len(keep) != len(items):
+            config.hook.pytest_deselected(items=mine)
+            items[:] = keep

@@ -20,7 +20,7 @@ import pytest
 from blockbuster import blockbuster_ctx
 
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
-from tests.conftest import _CAN_BLOCK
+from tests.conftest import _CAN_BLOCK, separate_tier
 
 HERE = Path(__file__).resolve().parent
 #: Per-test limit in this tier (the default 120 s would cut a slow server start).
@@ -34,19 +34,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Every test in this folder is a conformance test; with no -m given, leave them out so a
-    # plain run does not start a server it was not asked for.
-    mine = [i for i in items if HERE in Path(str(i.path)).parents]
-    for item in mine:
-        item.add_marker(pytest.mark.conformance)
-        # The first test also waits for the server to start: 40-60 s alone on 2 cores,
-        # more when the machine is busy.
-        item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
-    if not config.option.markexpr:
-        keep = [i for i in items if i not in mine]
-        if len(keep) != len(items):
-            config.hook.pytest_deselected(items=mine)
-            items[:] = keep
+    # The first test also waits for the server to start: 40-60 s alone on 2 cores, more
+    # when the machine is busy.
+    separate_tier(config, items, HERE, "conformance", TEST_TIMEOUT_S)
 
 
 @pytest.fixture(autouse=True)
