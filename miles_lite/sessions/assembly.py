@@ -18,9 +18,9 @@ Runs in a worker thread when it decodes (``decode`` may call a tokenizer).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from miles_lite.errors import ConfigError
 from miles_lite.sessions.records import TurnRecord
@@ -132,43 +132,92 @@ def merge_turns(
     (a mismatch). Merging stops after the first turn that is not COMPLETED; later turns
     are dropped.
     """
-    decode = decode or _no_decode
+    return _merge((_parts_of_sample(s) for s in samples), max_trim_tokens, decode or _no_decode)
+
+
+class _Turn(NamedTuple):
+    """What merging reads of one turn: ``seq[:prompt_len]`` is its prompt."""
+
+    seq: list[int]
+    prompt_len: int
+    output: list[int]
+    loss_mask: list[int]
+    log_probs: list[float]
+    response: Callable[[], str]
+    status: SampleStatus
+    weight_versions: list[str]
+    start: Callable[[], Sample]  # the turn as a sample of its own (owning its lists)
+
+
+def _parts_of_sample(turn: Sample) -> _Turn:
+    prompt_len = len(turn.tokens) - turn.response_length
+    return _Turn(
+        turn.tokens,
+        prompt_len,
+        turn.tokens[prompt_len:],
+        turn.loss_mask or [],
+        _floats(turn.rollout_log_probs),
+        lambda: turn.response,
+        turn.status,
+        turn.weight_versions,
+        lambda: _own_copy(turn),
+    )
+
+
+def _parts_of_record(record: TurnRecord, template: Sample, decode: Decode) -> _Turn:
+    """A record read in place: no per-turn copy of its prompt (the whole history)."""
+    return _Turn(
+        record.prompt_ids,
+        len(record.prompt_ids),
+        record.output_ids,
+        [1] * len(record.output_ids),
+        record.output_log_probs,
+        lambda: decode(list(record.output_ids)),
+        status_of(record.finish_reason),
+        [record.weight_version] if record.weight_version else [],
+        lambda: turn_samples([record], template, decode=decode)[0],
+    )
+
+
+def _merge(turns: Iterable[_Turn], max_trim_tokens: int, decode: Decode) -> Assembly:
     merged: list[Sample] = []
     current: Sample | None = None
     last_output = 0  # output tokens of the turn last merged into `current`
     mismatches = trimmed = 0
-    for turn in samples:
+    for turn in turns:
         if current is None:
-            current, last_output = _own_copy(turn), turn.response_length
+            current, last_output = turn.start(), len(turn.output)
             continue
         if current.status is not SampleStatus.COMPLETED:
             break
-        prompt = turn.tokens[: len(turn.tokens) - turn.response_length]
-        trim = _extension_trim(current.tokens, prompt, min(max_trim_tokens, last_output))
+        trim = _extension_trim(
+            current.tokens, turn.seq, turn.prompt_len, min(max_trim_tokens, last_output)
+        )
         if trim is None:
             mismatches += 1
             merged.append(current)
-            current, last_output = _own_copy(turn), turn.response_length
+            current, last_output = turn.start(), len(turn.output)
             continue
-        # `current` owns its lists (_own_copy): extend them in place, so a turn costs its
-        # own tokens, not the trajectory's (the prefix check above runs at C speed).
+        # `current` owns its lists (a turn's start()): extend them in place, so a turn
+        # costs its own tokens, not the trajectory's (the prefix check runs at C speed).
         mask, log_probs = current.loss_mask, current.rollout_log_probs
         assert isinstance(mask, list) and isinstance(log_probs, list)
         if trim:
             del current.tokens[-trim:], mask[-trim:], log_probs[-trim:]
             current.response_length -= trim
             trimmed += trim
-        between = prompt[len(current.tokens) :]
-        current.tokens += turn.tokens[len(current.tokens) :]
-        current.response += decode(between) + turn.response
-        current.response_length += len(between) + turn.response_length
+        between = turn.seq[len(current.tokens) : turn.prompt_len]
+        current.tokens += between
+        current.tokens += turn.output
+        current.response += decode(between) + turn.response()
+        current.response_length += len(between) + len(turn.output)
         mask += [0] * len(between)
-        mask += turn.loss_mask or []
+        mask += turn.loss_mask
         log_probs += [0.0] * len(between)
-        log_probs += _floats(turn.rollout_log_probs)
+        log_probs += turn.log_probs
         current.weight_versions += turn.weight_versions
         current.status = turn.status
-        last_output = turn.response_length
+        last_output = len(turn.output)
     if current is not None:
         merged.append(current)
     return Assembly(samples=merged, mismatches=mismatches, trimmed_tokens=trimmed)
@@ -195,25 +244,37 @@ def assemble_samples(
         raise ConfigError(f"max_trim_tokens must be an int >= 0, got {max_trim_tokens!r}")
     if not records:
         return Assembly(samples=[], empty_reason="no_records")
-    turns = truncate_turns(turn_samples(records, template, decode=decode), max_seq_len)
-    if not turns:
-        return Assembly(samples=[], empty_reason="all_truncated")
-    if mode == "per_turn":
-        result = Assembly(samples=turns)
+    if mode == "merged" and max_seq_len is None:
+        # The common case, read from the records in place (no per-turn sample).
+        parts = (_parts_of_record(r, template, decode or _no_decode) for r in records)
+        result = _merge(parts, max_trim_tokens, decode or _no_decode)
     else:
-        result = merge_turns(turns, max_trim_tokens=max_trim_tokens, decode=decode)
+        turns = truncate_turns(turn_samples(records, template, decode=decode), max_seq_len)
+        if not turns:
+            return Assembly(samples=[], empty_reason="all_truncated")
+        if mode == "per_turn":
+            result = Assembly(samples=turns)
+        else:
+            result = merge_turns(turns, max_trim_tokens=max_trim_tokens, decode=decode)
     for sample in result.samples:
         sample.metadata[MISMATCH_KEY] = result.mismatches
         sample.metadata["session_turns"] = len(records)
     return result
 
 
-def _extension_trim(so_far: list[int], prompt: list[int], max_trim: int) -> int | None:
-    """The fewest trailing tokens of ``so_far`` (at most ``max_trim``) to drop so that
-    ``prompt`` starts with it; ``None`` when no such trim exists."""
-    for trim in range(max_trim + 1):
+def _extension_trim(
+    so_far: list[int], tokens: list[int], prompt_len: int, max_trim: int
+) -> int | None:
+    """The fewest trailing tokens of ``so_far`` (at most ``max_trim``) to drop so that the
+    prompt (``tokens[:prompt_len]``) starts with it; ``None`` when no such trim exists.
+
+    One slice and one compare at C speed when nothing is trimmed (the usual case): the
+    prompt is the whole history, so this is what a turn costs as sessions grow."""
+    if len(so_far) <= prompt_len and tokens[: len(so_far)] == so_far:
+        return 0
+    for trim in range(1, max_trim + 1):
         head = len(so_far) - trim
-        if head <= len(prompt) and prompt[:head] == so_far[:head]:
+        if head <= prompt_len and tokens[:head] == so_far[:head]:
             return trim
     return None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from miles_lite.errors import ConfigError
 from miles_lite.sessions import (
     TurnRecord,
     assemble_samples,
+    merge_turns,
     status_of,
     truncate_turns,
     turn_samples,
@@ -156,3 +159,28 @@ def test_every_sample_keeps_the_per_token_invariants(
     if mode == "merged" and max_seq_len is None:
         assert result.samples[0].tokens == records[-1].prompt_ids + records[-1].output_ids
         assert sum(result.samples[0].loss_mask or []) == sum(len(r.output_ids) for r in records)
+
+
+def test_merging_records_in_place_gives_what_merging_turn_samples_gives() -> None:
+    """assemble_samples reads records in place (no per-turn copy of the history); it must
+    agree with merge_turns over turn_samples, trims, mismatches and a last turn included."""
+
+    def decode(ids: list[int]) -> str:
+        return ",".join(map(str, ids))
+
+    sessions = [
+        [turn(P, A), turn(P + A + OBS, B), turn(P + A + OBS + B + OBS, A, "length")],
+        [turn(P, A), turn([*P, 10, 11, 98, *OBS], B)],  # the stop token re-rendered: trim 1
+        [turn(P, A), turn([9, *P], B), turn([9, *P, *B, *OBS], A)],  # rewritten history
+        [turn(P, A, "abort"), turn(P + A + OBS, B)],  # stops after a turn not COMPLETED
+    ]
+    for records in sessions:
+        before = copy.deepcopy(records)
+        fast = assemble_samples(records, TEMPLATE, decode=decode)
+        assert records == before  # read, never changed
+        slow = merge_turns(turn_samples(records, TEMPLATE, decode=decode), decode=decode)
+        assert (fast.mismatches, fast.trimmed_tokens) == (slow.mismatches, slow.trimmed_tokens)
+        assert len(fast.samples) == len(slow.samples)
+        for a, b in zip(fast.samples, slow.samples, strict=True):
+            a.metadata = b.metadata = {}
+            assert a == b
