@@ -79,21 +79,7 @@ def record_from_choice(
             "honour return_meta_info with logprobs",
             **where,
         )
-    ids: list[int] = []
-    log_probs: list[float] = []
-    for i, triple in enumerate(triples):
-        if (
-            not isinstance(triple, list | tuple)
-            or len(triple) < 2
-            or not isinstance(triple[1], int)
-            or not isinstance(triple[0], int | float)
-        ):
-            raise EngineProtocolError(
-                f"meta_info.output_token_logprobs[{i}] is {triple!r}, not [logprob, id, text]",
-                **where,
-            )
-        log_probs.append(float(triple[0]))
-        ids.append(triple[1])
+    ids, log_probs = _ids_and_log_probs(triples, where)
     finish = choice.get("finish_reason")
     version = meta.get("weight_version") if isinstance(meta, dict) else None
     return TurnRecord(
@@ -137,3 +123,31 @@ def _slim_response(answer: dict[str, Any]) -> dict[str, Any]:
         choices.append(choice)
     slim["choices"] = choices
     return slim
+
+
+def _ids_and_log_probs(triples: list[Any], where: dict[str, str]) -> tuple[list[int], list[float]]:
+    """The ids and log-probs of ``[logprob, id, text]`` triples, checked at C speed; the
+    first bad triple is named in an :class:`EngineProtocolError`."""
+    try:
+        ids = [t[1] for t in triples]
+        log_probs = [t[0] for t in triples]
+        if (
+            set(map(type, triples)) <= {list, tuple}
+            and set(map(type, ids)) <= {int}
+            and set(map(type, log_probs)) <= {float, int}
+        ):
+            return ids, list(map(float, log_probs))
+    except (TypeError, IndexError, KeyError):
+        pass
+    for i, triple in enumerate(triples):
+        if (
+            not isinstance(triple, list | tuple)
+            or len(triple) < 2
+            or type(triple[1]) is not int
+            or type(triple[0]) not in (float, int)
+        ):
+            raise EngineProtocolError(
+                f"meta_info.output_token_logprobs[{i}] is {triple!r}, not [logprob, id, text]",
+                **where,
+            )
+    raise AssertionError("unreachable: a triple failed the fast check only")  # pragma: no cover
