@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager, ExitStack
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 
 from miles_lite.errors import GenerateError, MilesLiteError
 from miles_lite.pipeline.filters import GroupFilter, apply_filters
@@ -36,6 +37,8 @@ from miles_lite.types import Sample, SampleStatus
 
 __all__ = ["Driver", "RolloutKind"]
 
+#: Groups started per loop step (see _Run._schedule).
+_START_CHUNK = 8
 #: Statuses of a sample that needs no more generation.
 _DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
 
@@ -184,9 +187,14 @@ class _Run:
         active = 0
         while True:
             while self.started < n and active < self.target - len(self.kept) and self._fits():
-                for _ in range(min(self.batch_size, n - self.started)):
+                for i in range(min(self.batch_size, n - self.started)):
                     if not self._fits():
                         break
+                    if i and i % _START_CHUNK == 0:
+                        # Let the groups just started take their first steps (and the
+                        # loop its other work) before starting more: hundreds of first
+                        # steps in one loop iteration stall it for a quarter second.
+                        await anyio.lowlevel.checkpoint()
                     size = self.started_sizes[self.started] = len(self.groups[self.started])
                     self.started_samples += size
                     tg.start_soon(self._run_group, self.started)
