@@ -13,8 +13,9 @@ baseline in the same run:
   client pays);
 - ``latency@C``: the same over a mock holding each request ``tokens x latency``: the
   layer's added latency (end to end minus the mock's service time), p50 / p99;
-- ``chat-latency@C``: agent turns (``openai`` client) over the holding mock: added latency
-  through the session server, and over the same client talking straight to the engine;
+- ``chat-latency@C`` / ``chat-aiohttp-latency@C``: agent turns over the holding mock
+  (``openai`` client / light aiohttp agent): added latency through the session server,
+  and over the same client talking straight to the engine;
 - ``chat@C``: agent turns with the real ``openai`` client through the session server
   (TITO records, sample assembly) against the same client talking straight to the engine;
   ``chat-aiohttp@C``: the same with a light aiohttp agent, so the session server, not the
@@ -597,16 +598,19 @@ async def run_all(
         for client in CHAT_CLIENTS:
             await run_chat(zero_url, 2, 2, args.chat_tokens, tokenizer, client=client)
         # The same for agent turns: C sessions, each turn held chat_tokens x latency.
-        chat = await run_chat(
-            slow_url, c, args.chat_turns, args.chat_tokens, tokenizer, mode="chat-latency"
-        )
         service = args.chat_tokens * args.token_latency_ms / 1000
-        add_latency(chat.layer, chat.layer_latencies, service)
-        add_latency(chat.direct, chat.direct_latencies, service)
-        for q in ("p50", "p99"):
-            key = f"added_latency_{q}_ms"
-            chat.layer.extra[f"{key}_over_direct"] = chat.layer.extra[key] - chat.direct.extra[key]
-        out += [chat.layer, chat.direct]
+        for client in CHAT_CLIENTS:
+            mode = "chat-latency" if client == "openai" else f"chat-{client}-latency"
+            chat = await run_chat(
+                slow_url, c, args.chat_turns, args.chat_tokens, tokenizer, mode, client
+            )
+            add_latency(chat.layer, chat.layer_latencies, service)
+            add_latency(chat.direct, chat.direct_latencies, service)
+            for q in ("p50", "p99"):
+                key = f"added_latency_{q}_ms"
+                extra = chat.layer.extra
+                extra[f"{key}_over_direct"] = extra[key] - chat.direct.extra[key]
+            out += [chat.layer, chat.direct]
         # Agent turns with the openai client, then with a light aiohttp agent: with the
         # latter the session server, not the client, bounds the turns/s.
         chats = []
