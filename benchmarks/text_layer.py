@@ -513,7 +513,17 @@ async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
     """Early stop with ``inflight`` requests held at the engine: stop -> nothing running."""
 
     async def quick_first(input: GenerateFnInput) -> Sample:
+        # Group 0 answers at once, but only when all the others are held at the engine:
+        # the stop then finds exactly `inflight` requests running there.
         if input.sample.group_index == 0:
+            with anyio.fail_after(60):
+                async with aiohttp.ClientSession() as http:
+                    while True:
+                        async with http.get(f"{url}/v1/loads") as resp:
+                            loads = await resp.json()
+                        if loads["loads"][0]["num_running_reqs"] >= inflight:
+                            break
+                        await anyio.sleep(0.01)
             input.sampling_params["max_new_tokens"] = 1
         return await single_turn.generate(input)
 
@@ -538,7 +548,11 @@ async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
             result = await rollout.run(groups)
         async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/loads") as resp:
             loads = await resp.json()
-    aborted = sum(s.status is SampleStatus.ABORTED for g in result.partial for s in g)
+    aborted = sum(
+        s.status is SampleStatus.ABORTED and s.response_length > 0
+        for g in result.partial
+        for s in g
+    )
     m.requests = len(result.samples) + aborted
     m.extra = {
         "stop_to_idle_s": result.metrics.get("perf/stop_time", -1.0),
