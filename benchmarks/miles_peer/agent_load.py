@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import aiohttp
-import openai
 from miles.rollout.generate_utils.openai_endpoint_utils import (
     OpenAIEndpointTracer,
     compute_samples_from_openai_records,
@@ -33,12 +32,15 @@ from miles.utils.http_utils import init_http_client
 from miles.utils.types import Sample
 from transformers import AutoTokenizer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from chat_agents import chat_client
+
 
 async def agent(
     args: SimpleNamespace, tokenizer: Any, a: argparse.Namespace, out: dict[str, Any]
 ) -> None:
     tracer = await OpenAIEndpointTracer.create(args)
-    send = a.for_session(f"{tracer.base_url}/v1")
+    send = a.for_session(f"{tracer.base_url}/v1", "-")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Solve the task."}]
     try:
         for turn in range(a.turns):
@@ -98,46 +100,6 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         out["seconds"] = time.perf_counter() - t0
         out["cpu_s"] = time.process_time() - cpu0
     return out
-
-
-@asynccontextmanager
-async def chat_client(kind: str) -> AsyncIterator[Callable[[str], Any]]:
-    """The agents' shared client, as in text_layer.py: ``for_session(base_url) -> send``."""
-    if kind == "openai":
-        base = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="-", max_retries=0)
-
-        def for_openai(base_url: str) -> Any:
-            client = base.with_options(base_url=base_url)
-
-            async def send(messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, int]:
-                answer = await client.chat.completions.create(
-                    model="default", messages=messages, max_tokens=max_tokens
-                )
-                tokens = answer.usage.completion_tokens if answer.usage else 0
-                return str(answer.choices[0].message.content), tokens
-
-            return send
-
-        try:
-            yield for_openai
-        finally:
-            await base.close()
-        return
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-
-        def for_aiohttp(base_url: str) -> Any:
-            async def send(messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, int]:
-                body = {"model": "default", "messages": messages, "max_tokens": max_tokens}
-                async with http.post(f"{base_url}/chat/completions", json=body) as resp:
-                    answer = await resp.json()
-                    if resp.status != 200:
-                        raise RuntimeError(f"chat turn failed: {resp.status} {answer}")
-                content = answer["choices"][0]["message"]["content"]
-                return str(content), int(answer["usage"]["completion_tokens"])
-
-            return send
-
-        yield for_aiohttp
 
 
 def main() -> None:
