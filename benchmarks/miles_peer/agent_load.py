@@ -8,7 +8,8 @@ turns through miles' session server, then miles' own client-side sample assembly
 The load is the one ``text_layer.py`` runs through miles_lite: each agent sends the same
 messages with the same client (``--client``: the ``openai`` client, or a light aiohttp
 agent posting the same JSON). Prints one JSON line: turns, seconds, CPU seconds,
-output tokens, turn latencies, assembly time, and what the assembled samples hold.
+output tokens, turn latencies, assembly time, records and samples made, and how many
+samples' loss masks do not match their response length.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import asyncio
 import json
 import sys
 import time
-from contextlib import AsyncExitStack
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,10 +37,14 @@ from chat_agents import chat_client
 
 
 async def agent(
-    args: SimpleNamespace, tokenizer: Any, a: argparse.Namespace, out: dict[str, Any]
+    args: SimpleNamespace,
+    tokenizer: Any,
+    for_session: Any,
+    a: argparse.Namespace,
+    out: dict[str, Any],
 ) -> None:
     tracer = await OpenAIEndpointTracer.create(args)
-    send = a.for_session(f"{tracer.base_url}/v1", "-")
+    send = for_session(f"{tracer.base_url}/v1", "-")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Solve the task."}]
     try:
         for turn in range(a.turns):
@@ -66,7 +70,6 @@ async def agent(
     out["assembly_s"] += time.perf_counter() - t0
     out["samples"] += 1
     out["records"] += len(records)
-    out["loss_tokens"] += sum(sample.loss_mask)
     out["bad_masks"] += int(len(sample.loss_mask) != sample.response_length)
 
 
@@ -90,13 +93,12 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         assembly_s=0.0,
         samples=0,
         records=0,
-        loss_tokens=0,
         bad_masks=0,
     )
-    async with AsyncExitStack() as stack:
-        a.for_session = await stack.enter_async_context(chat_client(a.client))
+    async with chat_client(a.client) as for_session:
         cpu0, t0 = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(agent(args, tokenizer, a, out) for _ in range(a.sessions)))
+        agents = (agent(args, tokenizer, for_session, a, out) for _ in range(a.sessions))
+        await asyncio.gather(*agents)
         out["seconds"] = time.perf_counter() - t0
         out["cpu_s"] = time.process_time() - cpu0
     return out
