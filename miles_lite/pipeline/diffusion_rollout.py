@@ -12,7 +12,6 @@ closed) and pending microgroups are never sent.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from typing import Any
@@ -21,21 +20,18 @@ from miles_lite.config import DiffusionRolloutConfig
 from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
 from miles_lite.generate.contract import GenerateFn, GenerateFnInput
 from miles_lite.generate.diffusion import DiffusionState, generate_diffusion
-from miles_lite.pipeline.driver import Driver
 from miles_lite.pipeline.filters import GroupFilter
-from miles_lite.pipeline.groups import GroupSpec, make_groups
-from miles_lite.pipeline.result import RolloutResult
-from miles_lite.pipeline.scoring import Scorer
+from miles_lite.pipeline.rollout_base import RolloutBase, reward_pools
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
-from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool, RewardPoolLike
+from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.spans import UnitSpan
 from miles_lite.types import Sample
 
-__all__ = ["DiffusionRollout", "reward_pools"]
+__all__ = ["DiffusionRollout"]
 
 
-class DiffusionRollout:
+class DiffusionRollout(RolloutBase):
     """Runs diffusion rollouts over engines, a parser pool and reward pools.
 
     Parts are passed in and stay the caller's to close, so they are started once and
@@ -51,6 +47,8 @@ class DiffusionRollout:
 
     Raises :class:`~miles_lite.errors.ConfigError` when a reward kind has no pool.
     """
+
+    config: DiffusionRolloutConfig
 
     def __init__(
         self,
@@ -76,22 +74,13 @@ class DiffusionRollout:
             parser=parser,
             arena=arena if arena is not None else (parser.arena if parser is not None else None),
         )
-        self.scorer = Scorer(rewards or {}, reward=config.reward, group_reward=config.group_reward)
-        filters = [] if dynamic_filter is None else dynamic_filter
-        self.driver = Driver(
+        self._init_driver(
             _DiffusionKind(self),
-            self.scorer,
-            filters=[filters] if callable(filters) else list(filters),
+            rewards,
+            dynamic_filter,
             progress=progress,
-            stop_timeout_s=config.stop_timeout_s,
             max_started_samples=2 * router.capacity * config.microgroup_size,
         )
-        self._rollout_ids = itertools.count()
-
-    @property
-    def rewards(self) -> dict[str, RewardPoolLike]:
-        """The reward pools by kind."""
-        return self.scorer.rewards
 
     @classmethod
     @asynccontextmanager
@@ -148,37 +137,6 @@ class DiffusionRollout:
                 **kwargs,
             )
 
-    def make_groups(self, prompts: Sequence[GroupSpec], rollout_id: int = 0) -> list[list[Sample]]:
-        """The samples of each prompt, numbered and seeded (see :func:`make_groups`)."""
-        config = self.config
-        return make_groups(
-            prompts, n_samples=config.n_samples_per_prompt, seed=config.seed, rollout_id=rollout_id
-        )
-
-    async def run(
-        self,
-        prompts: Sequence[GroupSpec],
-        *,
-        rollout_id: int | None = None,
-    ) -> RolloutResult:
-        """Run one rollout over ``prompts`` and return the kept groups, scored.
-
-        ``rollout_id`` picks the seeds (default: a counter that advances per call, so two
-        calls never reuse noise). With ``rollout_batch_size`` the rollout stops once that
-        many groups are kept; the others come back in ``result.partial``. Per-microgroup
-        failures do not raise: their samples come back FAILED with the typed error.
-        Cancellation stops every task; answers still arriving free their memory.
-        """
-        if rollout_id is None:
-            rollout_id = next(self._rollout_ids)
-        groups = self.make_groups(prompts, rollout_id)
-        return await self.driver.run(
-            groups,
-            target=self.config.rollout_batch_size,
-            batch_size=self.config.over_sampling_batch_size,
-            rollout_id=rollout_id,
-        )
-
 
 class _DiffusionKind:
     """What the driver needs of diffusion: microgroups, the generate call, the parser window."""
@@ -230,20 +188,3 @@ class _DiffusionKind:
 
     def sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
         return {}
-
-
-async def reward_pools(
-    stack: AsyncExitStack, rewards: Mapping[str, Any], *, workers: int, arena: Arena | None
-) -> dict[str, RewardPoolLike]:
-    """Reward pools by kind from functions, async scorers or ready pools (see ``open``)."""
-    pools: dict[str, RewardPoolLike] = {}
-    for kind, spec in rewards.items():
-        if hasattr(spec, "measure") and hasattr(spec, "score"):
-            pools[kind] = spec
-        elif hasattr(spec, "score"):
-            pools[kind] = ApiRewardPool(kind, spec)
-        else:
-            pools[kind] = await stack.enter_async_context(
-                RewardPool(kind, spec, workers=workers, arena=arena)
-            )
-    return pools

@@ -16,7 +16,6 @@ later agent requests with ``finish_reason=abort``; the generate function's ``abo
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -29,12 +28,9 @@ from miles_lite.generate.contract import GenerateFn, GenerateFnInput
 from miles_lite.generate.single_turn import generate as single_turn
 from miles_lite.generate.text_request import check_text_sample
 from miles_lite.generate.text_state import TextState
-from miles_lite.pipeline.diffusion_rollout import reward_pools
-from miles_lite.pipeline.driver import Driver
 from miles_lite.pipeline.filters import GroupFilter
-from miles_lite.pipeline.groups import GroupSpec, make_groups
 from miles_lite.pipeline.result import RolloutResult
-from miles_lite.pipeline.scoring import Scorer
+from miles_lite.pipeline.rollout_base import RolloutBase, reward_pools
 from miles_lite.pipeline.text_metrics import text_metrics
 from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.spans import UnitSpan
@@ -55,7 +51,7 @@ class AbortContext:
     session_ids: tuple[str, ...]
 
 
-class TextRollout:
+class TextRollout(RolloutBase):
     """Runs text rollouts over SGLang engines (``/generate``, or chat through sessions).
 
     Parts are passed in and stay the caller's to close; :meth:`open` builds and closes
@@ -63,6 +59,8 @@ class TextRollout:
     ``generate_options`` what it gets as ``input.options``; ``rewards`` reward pools by
     kind; ``dynamic_filter`` one filter or a list; ``progress`` a tqdm bar in samples.
     """
+
+    config: TextRolloutConfig
 
     def __init__(
         self,
@@ -89,18 +87,14 @@ class TextRollout:
             max_context_len=config.max_context_len,
             sessions=sessions,
         )
-        self.scorer = Scorer(rewards or {}, reward=config.reward, group_reward=config.group_reward)
-        filters = [] if dynamic_filter is None else dynamic_filter
         self._kind = _TextKind(self)
-        self.driver = Driver(
+        self._init_driver(
             self._kind,
-            self.scorer,
-            filters=[filters] if callable(filters) else list(filters),
+            rewards,
+            dynamic_filter,
             progress=progress,
-            stop_timeout_s=config.stop_timeout_s,
             max_started_samples=2 * router.capacity,
         )
-        self._rollout_ids = itertools.count()
 
     @classmethod
     @asynccontextmanager
@@ -143,37 +137,12 @@ class TextRollout:
                 )
             yield rollout
 
-    def make_groups(self, prompts: Sequence[GroupSpec], rollout_id: int = 0) -> list[list[Sample]]:
-        """The samples of each prompt, numbered and seeded (see :func:`make_groups`)."""
-        config = self.config
-        return make_groups(
-            prompts, n_samples=config.n_samples_per_prompt, seed=config.seed, rollout_id=rollout_id
-        )
-
-    async def run(
-        self,
-        prompts: Sequence[GroupSpec],
-        *,
-        rollout_id: int | None = None,
-    ) -> RolloutResult:
-        """Run one rollout and return the kept groups, scored (see the module docstring).
-
-        Failures of a sample (engine errors, a tool or agent that raises, a broken
-        invariant) do not raise: the sample comes back FAILED with a typed error, the
-        cause kept. Cancelling ``run`` aborts what is in flight at the engines.
-        """
-        if rollout_id is None:
-            rollout_id = next(self._rollout_ids)
-        groups = self.make_groups(prompts, rollout_id)
+    def _before_run(self, rollout_id: int) -> None:
         self.state.reset_stop()
         self._kind.rollout_id = rollout_id
         self._kind.abort_metrics = {}
-        result = await self.driver.run(
-            groups,
-            target=self.config.rollout_batch_size,
-            batch_size=self.config.over_sampling_batch_size,
-            rollout_id=rollout_id,
-        )
+
+    def _after_run(self, result: RolloutResult) -> None:
         result.metrics.update(
             text_metrics(
                 result.samples,
@@ -182,7 +151,6 @@ class TextRollout:
             )
         )
         result.metrics.update(self._kind.abort_metrics)
-        return result
 
 
 class _TextKind:
