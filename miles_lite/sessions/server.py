@@ -25,6 +25,7 @@ import anyio
 from aiohttp import web
 
 from miles_lite import _json
+from miles_lite._serve import serve_app
 from miles_lite.errors import (
     ClosedResourceError,
     EngineError,
@@ -142,18 +143,7 @@ class SessionServer:
         app.router.add_route("*", "/{tail:.*}", self._h_unknown)
         # handler_cancellation: a handler whose agent disconnected is cancelled, so its
         # rid is aborted at the engine instead of generating for no one.
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, self._config.host, self._config.port)
-            await site.start()
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await runner.cleanup()
-            raise
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
-        self._url = f"http://{host}:{port}"
+        self._runner, self._url = await serve_app(app, self._config.host, self._config.port)
         self._status = "running"
         return self
 

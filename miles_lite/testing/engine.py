@@ -44,6 +44,7 @@ import anyio.from_thread
 import anyio.to_thread
 from aiohttp import web
 
+from miles_lite._serve import serve_app
 from miles_lite.errors import ClosedResourceError, ConfigError
 from miles_lite.testing.engine_config import StandInConfig
 from miles_lite.testing.engine_info import model_info, model_list, server_info
@@ -137,22 +138,12 @@ class StandInEngine:
         self._slots = anyio.Semaphore(self.config.max_concurrent)
         self._limiter = anyio.CapacityLimiter(self.config.max_concurrent)
         self._stats_changed = anyio.Event()
-        runner = web.AppRunner(
+        self._runner, self._url = await serve_app(
             self._make_app(),
-            handler_cancellation=True,
-            access_log=None,
+            self.config.host,
+            self.config.port,
             shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
         )
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.config.host, self.config.port).start()
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await runner.cleanup()
-            raise
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
-        self._url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         self._ready_at = anyio.current_time() + self.config.warmup_s
 
     async def aclose(self) -> None:

@@ -46,6 +46,7 @@ import anyio
 import anyio.to_thread
 from aiohttp import web
 
+from miles_lite._serve import serve_app
 from miles_lite.errors import ClosedResourceError, ConfigError
 from miles_lite.sampling import SAMPLING_KEYS
 from miles_lite.testing.text_chat import (
@@ -307,17 +308,7 @@ class TextStandInEngine:
         add_get("/v1/models", self._models)
         add_post("/flush_cache", self._flush_cache)
         add_get("/_stand_in/stats", self._stats)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.config.host, self.config.port).start()
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await runner.cleanup()
-            raise
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
-        self._url = f"http://{host}:{port}"
+        self._runner, self._url = await serve_app(app, self.config.host, self.config.port)
         return self
 
     async def __aexit__(
