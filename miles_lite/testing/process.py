@@ -14,7 +14,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -264,13 +264,15 @@ def _call_json(url: str, payload: dict[str, Any] | None) -> dict[str, Any]:
 
 def _child_main(config: StandInConfig, conn: Connection) -> None:
     """Entry point of the child: serve until SIGTERM/SIGINT or until the parent goes away."""
-    anyio.run(_serve, config, conn)
+    anyio.run(serve_in_child, StandInEngine, config, conn)
 
 
-async def _serve(config: StandInConfig, conn: Connection) -> None:
+async def serve_in_child(make_engine: Callable[[Any], Any], config: Any, conn: Connection) -> None:
+    """Run ``make_engine(config)`` (an async context manager with ``url``), send its URL to
+    the parent, and serve until SIGTERM/SIGINT or until the parent goes away."""
     async with anyio.create_task_group() as tg:
         await tg.start(_exit_on_signal, tg.cancel_scope)
-        async with StandInEngine(config) as engine:
+        async with make_engine(config) as engine:
             conn.send(engine.url)
             # The pipe reads EOF once the parent closes it or dies: no orphans.
             while True:

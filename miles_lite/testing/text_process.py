@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from miles_lite.errors import ConfigError
-from miles_lite.testing.process import EngineProcess, EngineProcessGroup, _exit_on_signal
+from miles_lite.testing.process import EngineProcess, EngineProcessGroup, serve_in_child
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 
 __all__ = ["TextEngineProcess", "TextEngineProcessGroup"]
@@ -55,19 +55,4 @@ class TextEngineProcessGroup(EngineProcessGroup):
 
 def _text_child_main(config: TextStandInConfig, conn: Connection) -> None:
     """Entry point of the child: serve until SIGTERM/SIGINT or until the parent goes away."""
-    anyio.run(_serve, config, conn)
-
-
-async def _serve(config: TextStandInConfig, conn: Connection) -> None:
-    async with anyio.create_task_group() as tg:
-        await tg.start(_exit_on_signal, tg.cancel_scope)
-        async with TextStandInEngine(config) as engine:
-            conn.send(engine.url)
-            # The pipe reads EOF once the parent closes it or dies: no orphans.
-            while True:
-                await anyio.wait_readable(conn.fileno())
-                try:
-                    conn.recv()
-                except (EOFError, OSError):
-                    break
-        tg.cancel_scope.cancel()
+    anyio.run(serve_in_child, TextStandInEngine, config, conn)
