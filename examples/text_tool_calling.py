@@ -15,6 +15,7 @@ from typing import Any
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.generate import multi_turn
 from miles_lite.testing import (
+    ADD_TOOLS,
     TextPolicy,
     TextRule,
     TextStandInConfig,
@@ -22,20 +23,6 @@ from miles_lite.testing import (
     load_qwen3_tokenizer,
 )
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
 POLICY = TextPolicy(
     rules=[
         TextRule(r"<tool_response>", "The sum is \\boxed{5}."),
@@ -63,7 +50,7 @@ async def main() -> None:
             config=config,
             generate=multi_turn.generate,
             generate_options={
-                "generate_tool_specs_path": TOOLS,
+                "generate_tool_specs_path": ADD_TOOLS,
                 "generate_execute_tool_function_path": execute_tool,
             },
         ) as rollout:

@@ -37,10 +37,12 @@ from miles_lite.testing.text_model import TinyModelPolicy
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.text_process import TextEngineProcess, TextEngineProcessGroup
 from miles_lite.testing.text_shapes import shape_diff, wire_shape
+from miles_lite.testing.text_tools import ADD_TOOLS
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
 from miles_lite.testing.trajectories import sigma_schedule, synthetic_sample
 
 __all__ = [
+    "ADD_TOOLS",
     "OPTIONAL_GROUPS",
     "SAMPLING_KEYS",
     "SDE_TYPES",

@@ -13,25 +13,13 @@ from miles_lite.generate.contract import GenerateFnInput
 from miles_lite.generate.multi_turn import MultiTurnOptions
 from miles_lite.generate.text_state import TextState
 from miles_lite.generate.tool_calls import ToolCall, ToolCallError
+from miles_lite.testing import ADD_TOOLS
 from miles_lite.types import Sample, SampleStatus
 from tests.generate.conftest import OpenState
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = ADD_TOOLS  # the stand-in scripts call this "add" tool
 
 
 def _input(state: TextState, prompt: str, execute: Any, **options: Any) -> GenerateFnInput:

@@ -15,6 +15,7 @@ from miles_lite.generate.text_state import TextState
 from miles_lite.sampling import TextSamplingParams
 from miles_lite.sessions import SessionServer, SessionServerConfig
 from miles_lite.testing import (
+    ADD_TOOLS,
     TextPolicy,
     TextRule,
     TextStandInConfig,
@@ -24,20 +25,7 @@ from miles_lite.testing import (
 
 from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = ADD_TOOLS  # the stand-in scripts call this "add" tool
 
 RULES = (
     TextRule(r"<tool_response>", "The sum is \\boxed{5}."),

@@ -13,6 +13,7 @@ import anyio.to_thread
 import openai
 import pytest
 
+from miles_lite.testing import ADD_TOOLS
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer
@@ -21,20 +22,7 @@ from .test_text_engine import assert_shape, capture, post, wait_until
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = ADD_TOOLS  # the stand-in scripts call this "add" tool
 RULES = [
     TextRule(r"<tool_response>", "The sum is \\boxed{5}."),
     TextRule(

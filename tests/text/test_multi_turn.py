@@ -13,25 +13,12 @@ from miles_lite.errors import ConfigError
 from miles_lite.generate import multi_turn
 from miles_lite.generate.multi_turn import MultiTurnOptions
 from miles_lite.generate.text_request import check_text_sample
-from miles_lite.testing import TextPolicy, TextRule, TextStandInConfig, token_logprob
+from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, token_logprob
 from tests.text.conftest import RULES, OpenRollout
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = ADD_TOOLS  # the stand-in scripts call this "add" tool
 
 
 async def add(name: str, arguments: dict[str, Any]) -> str:
