@@ -1,4 +1,5 @@
-"""Shared fixtures: the anyio backend, and a guard that fails any test blocking the loop."""
+"""Shared fixtures: the anyio backend, a guard that fails any test blocking the loop, the
+Qwen3 tokenizer, the SGLang captures."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from blockbuster import blockbuster_ctx
@@ -105,6 +107,15 @@ def _slow_steps_fail() -> Iterator[None]:
         logger.removeHandler(handler)
     if handler.records:
         pytest.fail("the event loop was blocked:\n" + "\n".join(handler.records[:5]))
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    """The real Qwen3 tokenizer and chat template (from a package on the index: nothing
+    is downloaded), loaded once."""
+    from miles_lite.testing import load_qwen3_tokenizer
+
+    return load_qwen3_tokenizer()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
@@ -19,7 +19,6 @@ from miles_lite.errors import EngineStatusError, SamplingParamsError
 from miles_lite.generate.text_request import build_generate_payload
 from miles_lite.sampling import SAMPLING_KEYS
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 from miles_lite.types import Sample
 
 from .shapes import differences, shape_of_all
@@ -222,11 +221,6 @@ async def test_update_weight_version_shows_in_answers(
     assert meta["weight_versions"] == [
         {"version": version, "start": 0, "end": meta["completion_tokens"]}
     ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Iterator[Any]:
-    yield load_qwen3_tokenizer()
 
 
 #: Structural differences between the stand-in's /generate answers and real SGLang's that

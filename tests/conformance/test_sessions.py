@@ -4,7 +4,7 @@ and the Qwen3 template's history rewriting is detected."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,16 +15,10 @@ from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterCo
 from miles_lite.generate.text_state import TextState
 from miles_lite.sampling import TextSamplingParams
 from miles_lite.sessions import SessionServer, assemble_samples
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 from miles_lite.types import Sample
 from tests.sessions.agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Iterator[Any]:
-    yield load_qwen3_tokenizer()
 
 
 @asynccontextmanager

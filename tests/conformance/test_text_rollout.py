@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,15 +22,9 @@ from miles_lite.generate.text_request import check_text_sample
 from miles_lite.generate.tool_calls import ToolCall
 from miles_lite.pipeline.text_rollout import TextRollout, TextRolloutConfig
 from miles_lite.sampling import TextSamplingParams
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 from miles_lite.types import SampleStatus
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Iterator[Any]:
-    yield load_qwen3_tokenizer()
 
 
 @asynccontextmanager

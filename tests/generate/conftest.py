@@ -16,7 +16,6 @@ from miles_lite.testing import (
     TextRule,
     TextStandInConfig,
     TextStandInEngine,
-    load_qwen3_tokenizer,
 )
 
 #: What the scripted model answers: tool calls for arithmetic, a boxed answer otherwise.
@@ -33,11 +32,6 @@ RULES = (
     ),
     TextRule(r"What is 2\+3", "It is \\boxed{5}."),
 )
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    return load_qwen3_tokenizer()
 
 
 OpenState = Callable[..., AbstractAsyncContextManager[tuple[TextState, TextStandInEngine]]]

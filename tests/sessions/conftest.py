@@ -20,7 +20,6 @@ from miles_lite.testing import (
     TextRule,
     TextStandInConfig,
     TextStandInEngine,
-    load_qwen3_tokenizer,
 )
 
 from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
@@ -38,11 +37,6 @@ RULES = (
     TextRule(r"Say hi", "Hi there."),
     TextRule(r"Box it", "It is \\boxed{5}."),
 )
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    return load_qwen3_tokenizer()
 
 
 @dataclass

@@ -14,14 +14,8 @@ import pytest
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.text_shapes import shape_diff, wire_shape
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_qwen3_tokenizer()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import pytest
 from miles_lite.testing import ADD_TOOLS
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 
 from .test_text_engine import assert_shape, capture, post, wait_until
 
@@ -31,11 +30,6 @@ RULES = [
     TextRule(r"Say stop", "one two STOP three"),
 ]
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_qwen3_tokenizer()
 
 
 @pytest.fixture

@@ -15,16 +15,10 @@ from miles_lite.errors import ConfigError
 from miles_lite.testing import TextEngineProcess
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 
 from .test_text_engine import assert_shape, post, post_get, wait_until
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_qwen3_tokenizer()
 
 
 @pytest.fixture

@@ -13,16 +13,10 @@ import torch
 from miles_lite.errors import ConfigError
 from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
 from miles_lite.testing.text_model import TinyModelPolicy
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 
 from .test_text_engine import post
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_qwen3_tokenizer()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from miles_lite.testing import (
     TextRule,
     TextStandInConfig,
     TextStandInEngine,
-    load_qwen3_tokenizer,
 )
 
 #: What the scripted model answers: tool calls for arithmetic, a boxed answer otherwise.
@@ -29,11 +28,6 @@ RULES = (
     TextRule(r"broken tool", "<tool_call>\n{not json}\n</tool_call>"),
     TextRule(r"What is 2\+3", "It is \\boxed{5}."),
 )
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    return load_qwen3_tokenizer()
 
 
 OpenRollout = Callable[..., AbstractAsyncContextManager[TextRollout]]
