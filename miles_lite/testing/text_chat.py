@@ -284,6 +284,33 @@ def _token_entry(tokenizer: Any, token: int, logprob: float, top: bool) -> dict[
     return entry
 
 
+def _answer_parts(
+    tokenizer: Any, answer: dict[str, Any], options: ChatOptions
+) -> tuple[str, list[dict[str, Any]], str, dict[str, Any] | None, Any]:
+    """What a chat answer and its stream share, from a ``/generate`` answer: the text, the
+    tool calls parsed out of it, the finish reason (``tool_calls`` when it stopped on
+    one), the OpenAI log-probs (when asked for) and the matched stop."""
+    meta = answer["meta_info"]
+    finish = meta["finish_reason"] or {}
+    text = answer["text"]
+    tool_calls: list[dict[str, Any]] = []
+    if options.has_tools:
+        text, tool_calls = parse_tool_calls(text)
+    reason = _FINISH.get(finish.get("type", ""), "stop")
+    if tool_calls and reason == "stop":
+        reason = "tool_calls"
+    logprobs = None
+    if options.logprobs:
+        logprobs = {
+            "content": [
+                _token_entry(tokenizer, token, lp, options.top_logprobs > 0)
+                for lp, token, _ in meta.get("output_token_logprobs", [])
+            ]
+        }
+    matched = finish.get("matched") if finish.get("type") == "stop" else None
+    return text, tool_calls, reason, logprobs, matched
+
+
 def chat_choice(
     tokenizer: Any,
     index: int,
@@ -292,35 +319,19 @@ def chat_choice(
     options: ChatOptions,
 ) -> dict[str, Any]:
     """One ``choices[i]`` from a ``/generate`` answer (its ``meta_info`` with log-probs)."""
-    meta = answer["meta_info"]
-    finish = meta["finish_reason"] or {}
-    text = answer["text"]
-    tool_calls: list[dict[str, Any]] = []
-    if options.has_tools:
-        text, tool_calls = parse_tool_calls(text)
+    text, tool_calls, reason, logprobs, matched = _answer_parts(tokenizer, answer, options)
     message: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None}
-    reason = _FINISH.get(finish.get("type", ""), "stop")
     if tool_calls:
         message["tool_calls"] = tool_calls
-        if reason == "stop":
-            reason = "tool_calls"
-    logprobs = None
-    if options.logprobs:
-        logprobs = {
-            "content": [
-                _token_entry(tokenizer, token, lp, options.top_logprobs > 0)
-                for lp, token, _ in meta["output_token_logprobs"]
-            ]
-        }
     choice: dict[str, Any] = {
         "index": index,
         "message": message,
         "logprobs": logprobs,
         "finish_reason": reason,
-        "matched_stop": finish.get("matched") if finish.get("type") == "stop" else None,
+        "matched_stop": matched,
     }
     if options.return_meta_info:
-        choice["meta_info"] = meta
+        choice["meta_info"] = answer["meta_info"]
     if options.return_prompt_token_ids or options.return_token_ids:
         choice["prompt_token_ids"] = list(prompt)
     if options.return_token_ids:
@@ -375,27 +386,10 @@ def chat_stream_chunks(
         "created": created,
         "model": options.model,
     }
-    meta = answer["meta_info"]
-    finish = meta["finish_reason"] or {}
-    text = answer["text"]
-    tool_calls: list[dict[str, Any]] = []
-    if options.has_tools:
-        text, tool_calls = parse_tool_calls(text)
-    reason = _FINISH.get(finish.get("type", ""), "stop")
-    if tool_calls and reason == "stop":
-        reason = "tool_calls"
+    text, tool_calls, reason, logprobs, matched = _answer_parts(tokenizer, answer, options)
     delta: dict[str, Any] = {"reasoning_content": None, "content": text}
     if tool_calls:
         delta["tool_calls"] = tool_calls
-    logprobs = None
-    if options.logprobs:
-        logprobs = {
-            "content": [
-                _token_entry(tokenizer, token, lp, options.top_logprobs > 0)
-                for lp, token, _ in meta.get("output_token_logprobs", [])
-            ]
-        }
-    matched = finish.get("matched") if finish.get("type") == "stop" else None
 
     def chunk(delta: dict[str, Any], logprobs: Any, reason: str | None) -> dict[str, Any]:
         choice = {
@@ -411,5 +405,9 @@ def chat_stream_chunks(
         chunk({"reasoning_content": None, "role": "assistant", "content": ""}, None, None),
         chunk(delta, logprobs, None),
         chunk({"reasoning_content": None}, None, reason),
-        {**head, "choices": [], "usage": _usage(prompt_tokens, meta["completion_tokens"])},
+        {
+            **head,
+            "choices": [],
+            "usage": _usage(prompt_tokens, answer["meta_info"]["completion_tokens"]),
+        },
     ]
