@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -31,9 +31,6 @@ from miles_lite.errors import (
 from miles_lite.testing._start_stop import StartStop
 from miles_lite.testing.engine import StandInEngine
 from miles_lite.testing.engine_config import StandInConfig
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["EngineProcess", "EngineProcessGroup"]
 

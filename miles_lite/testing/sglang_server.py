@@ -28,7 +28,6 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 
@@ -39,9 +38,6 @@ from miles_lite.errors import (
     EngineUnavailableError,
 )
 from miles_lite.testing._start_stop import StartStop
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["SGLangServer", "SGLangServerConfig", "default_sglang_venv"]
 
