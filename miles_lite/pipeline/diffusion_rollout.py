@@ -18,7 +18,7 @@ from typing import Any
 
 from miles_lite.config import DiffusionRolloutConfig
 from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
-from miles_lite.generate.contract import GenerateFn, GenerateFnInput
+from miles_lite.generate.contract import GenerateFn
 from miles_lite.generate.diffusion import DiffusionState, generate_diffusion
 from miles_lite.pipeline.filters import GroupFilter
 from miles_lite.pipeline.rollout_base import RolloutBase, reward_pools
@@ -151,16 +151,7 @@ class _DiffusionKind:
         return [group[start : start + size] for start, size in config.microgroups(len(group))]
 
     async def generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
-        rollout = self.rollout
-        fn_input = GenerateFnInput(
-            samples=unit,
-            sampling_params=rollout.config.sampling.to_payload(),
-            state=rollout.state,
-            span=span,
-            options=rollout.generate_options,
-        )
-        out = await rollout.generate(fn_input)
-        made = [out] if isinstance(out, Sample) else list(out)
+        made = await self.rollout.call_generate(unit, span)
         if len(made) == len(unit) and [id(s) for s in made] != [id(s) for s in unit]:
             # A custom function may return new objects: copy them into our slots.
             for slot, new in zip(unit, made, strict=True):

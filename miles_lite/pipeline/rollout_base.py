@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Protocol
 
+from miles_lite.generate.contract import GenerateFn, GenerateFnInput
 from miles_lite.pipeline.driver import Driver, RolloutKind
 from miles_lite.pipeline.filters import GroupFilter
 from miles_lite.pipeline.groups import GroupSpec, make_groups
@@ -20,14 +21,21 @@ from miles_lite.pipeline.result import RolloutResult
 from miles_lite.pipeline.scoring import Scorer
 from miles_lite.pools.arena import Arena
 from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool, RewardPoolLike
+from miles_lite.spans import UnitSpan
 from miles_lite.types import Sample
 
 __all__ = ["RolloutBase", "RolloutSettings", "reward_pools"]
 
 
+class _Sampling(Protocol):
+    def to_payload(self) -> dict[str, Any]: ...
+
+
 class RolloutSettings(Protocol):
     """The fields of a rollout config the shared part reads."""
 
+    @property
+    def sampling(self) -> _Sampling: ...
     @property
     def n_samples_per_prompt(self) -> int: ...
     @property
@@ -49,6 +57,9 @@ class RolloutBase:
     from their constructor and may override :meth:`_before_run` / :meth:`_after_run`."""
 
     config: RolloutSettings
+    generate: GenerateFn
+    generate_options: dict[str, Any]
+    state: Any
     scorer: Scorer
     driver: Driver
 
@@ -73,6 +84,20 @@ class RolloutBase:
             max_started_samples=max_started_samples,
         )
         self._rollout_ids = itertools.count()
+
+    async def call_generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
+        """Call the generate function on one unit (a fresh copy of the sampling defaults
+        each time); the samples it returns, as a list."""
+        out = await self.generate(
+            GenerateFnInput(
+                samples=unit,
+                sampling_params=self.config.sampling.to_payload(),
+                state=self.state,
+                span=span,
+                options=self.generate_options,
+            )
+        )
+        return [out] if isinstance(out, Sample) else list(out)
 
     @property
     def rewards(self) -> dict[str, RewardPoolLike]:

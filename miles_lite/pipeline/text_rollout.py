@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from miles_lite.config import TextRolloutConfig
 from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
 from miles_lite.engine.abort import abort_requests
-from miles_lite.generate.contract import GenerateFn, GenerateFnInput
+from miles_lite.generate.contract import GenerateFn
 from miles_lite.generate.single_turn import generate as single_turn
 from miles_lite.generate.text_request import check_text_sample
 from miles_lite.generate.text_state import TextState
@@ -168,16 +168,7 @@ class _TextKind:
         return [[sample] for sample in group]
 
     async def generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
-        rollout = self.rollout
-        fn_input = GenerateFnInput(
-            samples=unit,
-            sampling_params=rollout.config.sampling.to_payload(),
-            state=rollout.state,
-            span=span,
-            options=rollout.generate_options,
-        )
-        out = await rollout.generate(fn_input)
-        made = [out] if isinstance(out, Sample) else list(out)
+        made = await self.rollout.call_generate(unit, span)
         for sample in made:
             check_text_sample(sample)
         return made
