@@ -117,7 +117,7 @@ class DiffusionRollout(RolloutBase):
                 parser_config = parser_config or ParserPoolConfig()
                 if config.fetch_in_parser:
                     # Each generation in flight holds a worker while the engine works.
-                    needed = min(254, len(engine_urls) * router_config.max_inflight_per_engine)
+                    needed = min(254, router.capacity)
                     if parser_config.workers < needed:
                         parser_config = dataclasses.replace(parser_config, workers=needed)
                 parser = await stack.enter_async_context(ParserPool(parser_config))
