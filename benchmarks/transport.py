@@ -145,6 +145,7 @@ class Measure:
     handoff_gbps: float | None = None
     failed: int = 0
     spills: float = 0.0
+    pickled_bytes: float = 0.0
     gc_max_ms: float = 0.0
 
 
@@ -252,6 +253,7 @@ async def measured_rollout(
         parser_depth=result.metrics.get("perf/parser_max_queue_depth"),
         failed=len(result.failed),
         spills=result.metrics.get("perf/arena_spills", 0.0),
+        pickled_bytes=result.metrics.get("perf/pickled_bytes", 0.0),
         gc_max_ms=1e3 * max(pauses, default=0.0),
     )
     rates = [
@@ -296,6 +298,9 @@ async def run_mode(
     best.cpu_s = min(m.cpu_s for m in bare)
     best.peak_client_gb = max(r.peak_client_gb for r in instrumented)
     best.peak_engines_gb = max(r.peak_engines_gb for r in instrumented)
+    # Counters, not timings: the worst rollout of the mode is what it must answer for.
+    best.spills = max(m.spills for m in runs)
+    best.pickled_bytes = max(m.pickled_bytes for m in runs)
     return best
 
 
@@ -388,6 +393,7 @@ def report(
                 "wire_gb": m.wire_bytes / 1e9,
                 "failed_samples": m.failed,
                 "arena_spills": m.spills,
+                "pickled_bytes": m.pickled_bytes,
                 "gc_max_pause_ms": m.gc_max_ms,
             }
         )

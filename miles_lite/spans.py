@@ -19,7 +19,8 @@ class UnitSpan:
     ``non_generation_time_s`` time spent outside the engine (tools, environments),
     ``error`` the message of the error that failed it (None if it succeeded). A stage that
     did not run has ``None`` times. ``spilled``: the arena was full, the body took private
-    memory.
+    memory. ``pickled_bytes``: body or tensor bytes that crossed a worker's pipe (0 on the
+    arena path).
     """
 
     group_index: int
@@ -36,6 +37,7 @@ class UnitSpan:
     wire_bytes: int = 0
     non_generation_time_s: float = 0.0
     spilled: bool = False
+    pickled_bytes: int = 0
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -60,4 +62,5 @@ def span_metrics(spans: list[UnitSpan]) -> dict[str, float]:
         out[f"perf/{stage}_time_max"] = max(durations, default=0.0)
     out["perf/wire_bytes"] = float(sum(s.wire_bytes for s in spans))
     out["perf/arena_spills"] = float(sum(s.spilled for s in spans))
+    out["perf/pickled_bytes"] = float(sum(s.pickled_bytes for s in spans))
     return out

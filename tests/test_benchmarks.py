@@ -12,12 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_transport_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> None:
     chart = tmp_path / "transport.png"
+    msgpack_modes = {"msgpack-pool", "msgpack-fetch", "msgpack-inline"}
     command = [
         sys.executable,
         "benchmarks/transport.py",
         "--quick",
         "--modes",
-        "json-inline,msgpack-fetch",
+        ",".join(["json-inline", *sorted(msgpack_modes)]),
         "--prompts",
         "2",
         "--handoff-mb",
@@ -31,8 +32,12 @@ def test_transport_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
     modes = {m["mode"]: m for m in summary["modes"]}
-    assert set(modes) == {"json-inline", "msgpack-fetch"}
+    assert set(modes) == {"json-inline", *msgpack_modes}
     assert all(m["failed_samples"] == 0 and m["gb_delivered"] > 0 for m in modes.values())
+    # Counters, not timings: every msgpack mode hands every body over in the arena, in
+    # every measured rollout of the run: no spill, no byte pickled.
+    for name in msgpack_modes:
+        assert (modes[name]["arena_spills"], modes[name]["pickled_bytes"]) == (0, 0), name
     assert modes["json-inline"]["speedup_vs_naive"] == 1.0
     assert "vs naive" in out.stdout and chart.stat().st_size > 10_000
 

@@ -22,6 +22,7 @@ from miles_lite.generate.contract import GenerateFnInput
 from miles_lite.pools.arena import Arena, Lease
 from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.pools.parser_worker import FetchRequest
+from miles_lite.spans import UnitSpan
 from miles_lite.types import DiTTrajectory, Sample, SampleStatus
 
 __all__ = ["DiffusionState", "apply_response_item", "build_request", "generate_diffusion"]
@@ -95,6 +96,7 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
         # A retry (never of a request the engine received) asks the router for another engine.
         parsed = await state.router.call(fetch_from)
         span.spilled = parsed.spilled
+        span.pickled_bytes = parsed.pickled_bytes
         span.generate_end = parsed.read_at
         span.deserialize_start = parsed.read_at
         items = parsed.items
@@ -122,7 +124,7 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
         raw = await state.router.call(post_to)
         span.generate_end = span.deserialize_start = time.monotonic()
         span.wire_bytes = len(raw.body)
-        items = await _deserialize(state, raw, rid)
+        items = await _deserialize(state, raw, rid, span)
     span.deserialize_end = time.monotonic()
 
     if len(items) != len(samples):
@@ -136,7 +138,9 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
     return samples
 
 
-async def _deserialize(state: DiffusionState, raw: RawResponse, rid: str) -> list[Any]:
+async def _deserialize(
+    state: DiffusionState, raw: RawResponse, rid: str, span: UnitSpan
+) -> list[Any]:
     owner = raw.owner
     if state.config.transport == "pool" and (
         isinstance(owner, Lease) or wire_form(raw.content_type) == "json"
@@ -145,6 +149,7 @@ async def _deserialize(state: DiffusionState, raw: RawResponse, rid: str) -> lis
         parser = _need_parser(state)
         body = owner if isinstance(owner, Lease) else bytes(raw.body)
         parsed = await parser.parse(body, raw.content_type, url=raw.url, request_id=rid)
+        span.pickled_bytes = parsed.pickled_bytes
         return parsed.items
     # Inline (and spilled msgpack bodies): zero-copy for msgpack, microseconds on the
     # loop; base64/JSON here is the slow baseline the transport benchmark measures. The

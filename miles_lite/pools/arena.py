@@ -17,14 +17,19 @@ How:
   ``torch.frombuffer`` keep it alive, and when the last one is garbage-collected the
   pages return to the table. Nothing the user holds is ever overwritten. The collector
   may run anywhere, also inside a page-table change holding its lock: a finalizer only
-  queues the free (a lock-free deque append); the queue is drained at the next
-  allocation, free or ``used_bytes`` reading.
+  queues the free (a lock-free deque append) and asks the arena's event loop to drain the
+  queue (``call_soon_threadsafe``, once per batch of frees). So the pages reach the
+  shared table within one loop iteration, whichever process allocates next: with
+  ``fetch_in_parser`` only workers allocate, and the main process never would. Without a
+  running loop the queue is drained at the next allocation, free or ``used_bytes``
+  reading.
 - Backpressure: an allocation that does not fit waits (the main process asynchronously,
   a worker by polling) until pages are released, up to a timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import math
@@ -146,14 +151,17 @@ class Arena:
         self._pending_frees: collections.deque[tuple[int, int]] = collections.deque()
         self._released = anyio.Event()
         self.waits = 0
-        self.high_water_pages = 0
         self._loop_thread = threading.get_ident()
+        # The loop finalizers hand their frees to (see _queue_free); set by create().
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_scheduled = False
 
     @classmethod
     async def create(cls, config: ArenaConfig | None = None) -> Arena:
         """Create and pre-fault an arena in a worker thread (seconds for several GB)."""
         arena = await anyio.to_thread.run_sync(cls, config or ArenaConfig())
         arena._loop_thread = threading.get_ident()
+        arena._loop = asyncio.get_running_loop()
         return arena
 
     async def __aenter__(self) -> Arena:
@@ -291,7 +299,6 @@ class Arena:
             mapping.close()
 
     def _lease(self, allocation: Allocation, nbytes: int) -> Lease:
-        self.high_water_pages = max(self.high_water_pages, self._table.used_pages())
         array = self._data[allocation.offset : allocation.offset + nbytes]
         finalizer = weakref.finalize(
             array, _free_pages, self, allocation.first_page, allocation.n_pages
@@ -300,8 +307,23 @@ class Arena:
 
     def _queue_free(self, first: int, n_pages: int) -> None:
         # Runs in a finalizer: any thread, any moment, maybe inside try_alloc holding the
-        # page table's (non-reentrant) lock. deque.append takes no lock we could hold.
+        # page table's (non-reentrant) lock. deque.append takes no lock we could hold, and
+        # neither does call_soon_threadsafe (a deque append and a byte to the self-pipe).
         self._pending_frees.append((first, n_pages))
+        loop = self._loop
+        if loop is None or self._drain_scheduled or self._closed:
+            return
+        # Cleared by the drain before it reads the queue: a free queued after that
+        # schedules another drain, one queued before it is drained by this one.
+        self._drain_scheduled = True
+        try:
+            loop.call_soon_threadsafe(self._scheduled_drain)
+        except RuntimeError:  # the loop is closed: the next allocation drains
+            self._drain_scheduled = False
+
+    def _scheduled_drain(self) -> None:
+        self._drain_scheduled = False
+        self._drain()
 
     def _drain(self) -> None:
         freed = False

@@ -74,6 +74,8 @@ class ParsedBody:
     items: list[Any]
     wire_bytes: int
     spilled: bool = False
+    #: Body and tensor bytes that crossed a worker's pipe (pickled): 0 on the arena path.
+    pickled_bytes: int = 0
     response_at: float = 0.0
     read_at: float = 0.0
     parsed_at: float = 0.0
@@ -163,8 +165,9 @@ class ParserPool:
         """
         try:
             if not isinstance(body, Lease):
-                result: ParseResult = await self.pool.run(parse_bytes, bytes(body), content_type)
-                return self._take(result, None)
+                data = bytes(body)
+                result: ParseResult = await self.pool.run(parse_bytes, data, content_type)
+                return self._take(result, None, sent_bytes=len(data))
             try:
                 result = await self.pool.run(
                     parse_in_arena,
@@ -199,7 +202,8 @@ class ParserPool:
         )
         return self._take(result, None)
 
-    def _take(self, result: ParseResult, lease: Lease | None) -> ParsedBody:
+    def _take(self, result: ParseResult, lease: Lease | None, sent_bytes: int = 0) -> ParsedBody:
+        pickled = sent_bytes + (len(result.payload) if result.payload is not None else 0)
         if result.payload is not None:
             payload = result.payload
             buffer: Any = payload if isinstance(payload, bytearray) else bytearray(payload)
@@ -213,6 +217,7 @@ class ParserPool:
             items=materialize(result.items, buffer),
             wire_bytes=result.wire_bytes,
             spilled=result.spilled,
+            pickled_bytes=pickled,
             response_at=result.response_at,
             read_at=result.read_at,
             parsed_at=result.parsed_at,

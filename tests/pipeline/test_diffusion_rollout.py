@@ -20,7 +20,7 @@ from miles_lite.errors import (
 from miles_lite.generate import GenerateFnInput, generate_diffusion, load_function
 from miles_lite.pipeline import DiffusionRollout, PromptGroup, RolloutResult
 from miles_lite.pools import ParserPool, RewardPool
-from miles_lite.testing import StandInConfig, StandInEngine, synthetic_sample
+from miles_lite.testing import StandInConfig, StandInEngine, synthetic_body, synthetic_sample
 from miles_lite.types import Sample, SampleStatus
 from tests.garbage import collect_garbage
 
@@ -438,3 +438,44 @@ async def test_a_full_arena_spills_instead_of_failing(mode: str, arena_bytes: in
         position = sample.index % 2
         want = expected(sample, sample.seed - position, position, wire, engine_config)
         assert torch.equal(sample.dit_trajectory.latents, want["dit_trajectory"]["latents"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", ["pool", "fetch_in_parser", "inline"])
+async def test_rollouts_in_a_row_reuse_the_pages_the_user_let_go(mode: str) -> None:
+    # The arena holds one rollout's bodies, not two. Once the first rollout's tensors are
+    # dropped, the second rollout must find their pages free: with fetch_in_parser only
+    # the workers allocate, so the frees queued by the main process's finalizers must
+    # reach the shared page table without a main-process allocation to drain them.
+    from miles_lite.pools import ArenaConfig, ParserPoolConfig
+
+    engine_config = StandInConfig(latent_height=32, latent_width=32)
+    body = len(
+        synthetic_body(
+            {"prompt": "a cat", "seed": 1, "num_inference_steps": 3, "num_outputs_per_prompt": 2},
+            engine_config,
+        )
+    )
+    # Three bodies a rollout (3 prompts, 2 samples, microgroups of 2), with page slack.
+    arena = ArenaConfig(size_bytes=4 * body + (64 << 10), page_bytes=4096, wait_s=2.0)
+    async with StandInEngine(engine_config) as engine, ParserPool(
+        ParserPoolConfig(workers=2, arena=arena)
+    ) as pool:
+        for attempt in range(3):
+            async with rollout_over(
+                [engine.url],
+                pool if mode != "inline" else None,
+                {},
+                n_samples_per_prompt=2,
+                fetch_in_parser=mode == "fetch_in_parser",
+                transport="inline" if mode == "inline" else "pool",
+                arena=pool.arena,
+            ) as rollout:
+                result = await rollout.run(PROMPTS)
+            assert not result.failed
+            assert result.metrics["perf/arena_spills"] == 0, attempt
+            assert result.metrics["perf/pickled_bytes"] == 0, attempt
+            for sample in result.samples:
+                # Adopted in place: every tensor views the arena.
+                assert pool.arena.tensor_ref(sample.dit_trajectory.latents) is not None  # type: ignore[union-attr]
+            del result, sample
+            await collect_garbage()
