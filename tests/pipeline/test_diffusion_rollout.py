@@ -457,9 +457,10 @@ async def test_rollouts_in_a_row_reuse_the_pages_the_user_let_go(mode: str) -> N
     )
     # Three bodies a rollout (3 prompts, 2 samples, microgroups of 2), with page slack.
     arena = ArenaConfig(size_bytes=4 * body + (64 << 10), page_bytes=4096, wait_s=2.0)
-    async with StandInEngine(engine_config) as engine, ParserPool(
-        ParserPoolConfig(workers=2, arena=arena)
-    ) as pool:
+    async with (
+        StandInEngine(engine_config) as engine,
+        ParserPool(ParserPoolConfig(workers=2, arena=arena)) as pool,
+    ):
         for attempt in range(3):
             async with rollout_over(
                 [engine.url],
