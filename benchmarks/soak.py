@@ -29,10 +29,13 @@ import anyio
 import anyio.to_thread
 import psutil
 
-from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.engine import EngineClientConfig, RetryPolicy, RouterConfig
-from miles_lite.pipeline import DiffusionRollout
-from miles_lite.testing import EngineProcess, StandInConfig
+from miles_lite.diffusion.rollout import DiffusionRollout
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import RouterConfig
+from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
+from miles_lite.testing.diffusion.config import StandInConfig
+from miles_lite.testing.process import EngineProcess
 
 ENGINES = 3
 

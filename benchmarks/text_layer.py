@@ -60,10 +60,14 @@ from chat_agents import chat_client
 from text_mock import MockProcess, output_ids, output_log_prob
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
-from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
-from miles_lite.generate import GenerateFnInput, single_turn
-from miles_lite.generate.text_request import check_text_sample
-from miles_lite.generate.text_state import TextState
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.rollout.contract import GenerateFnInput
+from miles_lite.text import single_turn
+from miles_lite.text.context import TextState
+from miles_lite.text.request import check_text_sample
 from miles_lite.types import Sample, SampleStatus
 
 HERE = Path(__file__).resolve().parent
@@ -312,7 +316,8 @@ async def run_chat(
     mode: str = "chat",
     client: str = "openai",
 ) -> ChatRun:
-    from miles_lite.sessions import SessionServer, assemble_samples
+    from miles_lite.agentic.assembly import assemble_samples
+    from miles_lite.agentic.server import SessionServer
 
     async def direct() -> tuple[str, str]:
         return f"{url}/v1", "none"
@@ -394,7 +399,7 @@ async def run_miles_peer(args: argparse.Namespace, url: str) -> list[Measure]:
     assembly run in another (``miles_peer/agent_load.py``), as in miles. The CPU figure
     adds both processes.
     """
-    from miles_lite.testing import qwen3_tokenizer_dir
+    from miles_lite.testing.tokenizers import qwen3_tokenizer_dir
 
     setup = [str(HERE / "miles_peer" / "setup.sh"), str(args.miles_venv)]
     await anyio.run_process(setup, stdout=None, stderr=None)
@@ -509,7 +514,7 @@ async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
 async def run_all(
     args: argparse.Namespace, zero_url: str, slow_url: str, slow_chat_url: str
 ) -> list[Measure]:
-    from miles_lite.testing import load_qwen3_tokenizer
+    from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 
     tokenizer = await anyio.to_thread.run_sync(load_qwen3_tokenizer)
     # What a tuned trainer does after its imports: a full collection of the heap that

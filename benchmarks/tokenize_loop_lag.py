@@ -18,9 +18,9 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from miles_lite.generate.text_request import prompt_ids
-from miles_lite.generate.text_state import TextState
-from miles_lite.testing import load_qwen3_tokenizer
+from miles_lite.testing.tokenizers import load_qwen3_tokenizer
+from miles_lite.text.context import TextState
+from miles_lite.text.request import prompt_ids
 
 
 async def _probe(lags: list[float], done: anyio.Event) -> None:

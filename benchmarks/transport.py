@@ -45,19 +45,20 @@ import psutil
 import torch
 
 from miles_lite import (
-    ArenaConfig,
     DiffusionRollout,
     DiffusionRolloutConfig,
     DiffusionSamplingParams,
-    EngineClientConfig,
-    ParserPoolConfig,
-    RetryPolicy,
     RolloutResult,
-    RouterConfig,
     Sample,
     run_sync,
 )
-from miles_lite.testing import EngineProcessGroup, StandInConfig
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import RouterConfig
+from miles_lite.pools.arena import ArenaConfig
+from miles_lite.pools.parser_pool import ParserPoolConfig
+from miles_lite.testing.diffusion.config import StandInConfig
+from miles_lite.testing.process import EngineProcessGroup
 
 MODES: dict[str, dict[str, Any]] = {
     "json-inline": {"wire": "json", "transport": "inline", "fetch_in_parser": False},
@@ -112,7 +113,7 @@ class Workload:
 
     def rollout_bytes(self) -> int:
         """Tensor bytes of one rollout (msgpack form), from the stand-in's own accounting."""
-        from miles_lite.testing import RolloutRequest
+        from miles_lite.testing.diffusion.request import RolloutRequest
 
         config = self.engine_config("msgpack")
         request = RolloutRequest.parse(
@@ -328,8 +329,8 @@ async def handoff(size_bytes: int, workers: int) -> dict[str, float]:
     """Body bytes in the arena -> tensors usable in the main process, vs a warm memcpy."""
     import numpy as np
 
-    from miles_lite.codecs.encode import encode_msgpack_body
-    from miles_lite.pools import ParserPool
+    from miles_lite.pools.parser_pool import ParserPool
+    from miles_lite.testing.diffusion.encode import encode_msgpack_body
 
     n = size_bytes // 4 // 8
     items = [{"t": [torch.randn(n) for _ in range(8)]}]

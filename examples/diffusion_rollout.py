@@ -12,7 +12,8 @@ from miles_lite import (
     Sample,
     run_sync,
 )
-from miles_lite.testing import EngineProcessGroup, StandInConfig
+from miles_lite.testing.diffusion.config import StandInConfig
+from miles_lite.testing.process import EngineProcessGroup
 
 
 def brightness(samples: list[Sample]) -> list[float]:

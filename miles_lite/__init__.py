@@ -1,7 +1,14 @@
 """miles_lite: the rollout layer of RL post-training, as a plain Ray-free Python library."""
 
-from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams, TextRolloutConfig
-from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
+from miles_lite._core.run_sync import run_sync
+from miles_lite.agentic.agent import AgentGenerate
+from miles_lite.agentic.server import SessionServer, SessionServerConfig
+from miles_lite.diffusion.generate import generate_diffusion
+from miles_lite.diffusion.rollout import DiffusionRollout
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import Router, RouterConfig
 from miles_lite.errors import (
     AgentError,
     ArenaError,
@@ -28,30 +35,22 @@ from miles_lite.errors import (
     WorkerTaskError,
     WorkerTimeoutError,
 )
-from miles_lite.generate import GenerateFnInput, generate_diffusion
-from miles_lite.generate.agentic import AgentGenerate
-from miles_lite.pipeline import (
-    DiffusionRollout,
-    FilterResult,
-    PromptGroup,
-    RolloutResult,
-    TextRollout,
-    drop_aborted,
-    drop_failed,
-    drop_zero_std,
+from miles_lite.pools.arena import ArenaConfig
+from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
+from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool
+from miles_lite.pools.worker_pool import WorkerPool
+from miles_lite.rollout.config import (
+    DiffusionRolloutConfig,
+    DiffusionSamplingParams,
+    TextRolloutConfig,
 )
-from miles_lite.pools import (
-    ApiRewardPool,
-    ArenaConfig,
-    ParserPool,
-    ParserPoolConfig,
-    RewardPool,
-    WorkerPool,
-)
-from miles_lite.run_sync import run_sync
-from miles_lite.sampling import TextSamplingParams, check_sampling_params
-from miles_lite.sessions import SessionServer, SessionServerConfig
-from miles_lite.spans import UnitSpan
+from miles_lite.rollout.contract import GenerateFnInput
+from miles_lite.rollout.filters import FilterResult, drop_aborted, drop_failed, drop_zero_std
+from miles_lite.rollout.groups import PromptGroup
+from miles_lite.rollout.result import RolloutResult
+from miles_lite.rollout.spans import UnitSpan
+from miles_lite.sglang.sampling import TextSamplingParams, check_sampling_params
+from miles_lite.text.rollout import TextRollout
 from miles_lite.types import DiTTrajectory, PrefixCacheInfo, Sample, SampleStatus
 
 __version__ = "0.1.0"

@@ -16,13 +16,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from miles_lite.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.engine import EngineClient, RouterConfig
+from miles_lite._core.run_sync import run_sync
+from miles_lite.diffusion.rollout import DiffusionRollout
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.router import RouterConfig
 from miles_lite.errors import ConfigError, EngineUnavailableError
-from miles_lite.generate.contract import load_function
-from miles_lite.pipeline import DiffusionRollout, RolloutResult
-from miles_lite.pools import ArenaConfig, ParserPoolConfig
-from miles_lite.run_sync import run_sync
+from miles_lite.pools.arena import ArenaConfig
+from miles_lite.pools.parser_pool import ParserPoolConfig
+from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
+from miles_lite.rollout.contract import load_function
+from miles_lite.rollout.result import RolloutResult
 
 __all__ = ["main"]
 
@@ -157,7 +160,8 @@ def _function_flags(fn: Any, parser: argparse.ArgumentParser) -> dict[str, None]
 
 
 def _demo(args: argparse.Namespace, generate: Any, options: dict[str, Any]) -> RolloutResult:
-    from miles_lite.testing import EngineProcessGroup, StandInConfig
+    from miles_lite.testing.diffusion.config import StandInConfig
+    from miles_lite.testing.process import EngineProcessGroup
 
     engine = StandInConfig(
         wire=args.wire,
@@ -231,10 +235,11 @@ def _reward_fn(args: argparse.Namespace, tmp: Path) -> Any:
     if args.reward_function_path:
         return load_function(args.reward_function_path)
     if args.reward == "mean":
-        from miles_lite.rewards import latent_mean_reward
+        from miles_lite.rewards.functions import latent_mean_reward
 
         return latent_mean_reward
-    from miles_lite.rewards import ClipReward, tiny_clip
+    from miles_lite.rewards.clip_reward import ClipReward
+    from miles_lite.rewards.tiny_clip import tiny_clip
 
     if args.clip_model:
         return ClipReward(model_path=args.clip_model, tokenizer=args.clip_tokenizer)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from miles_lite.generate import GenerateFnInput, generate_diffusion
+from miles_lite.diffusion.generate import generate_diffusion
+from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.types import Sample
 
 

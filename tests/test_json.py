@@ -1,4 +1,4 @@
-"""miles_lite._json: msgspec speed, the standard library's behaviour where it differs."""
+"""miles_lite._core.json: msgspec speed, the standard library's behaviour where it differs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from miles_lite import _json
+from miles_lite._core import json as _json
 
 
 def test_dumps_is_compact_json_and_refuses_nan_unless_told() -> None:

@@ -12,11 +12,8 @@ PACKAGES = [
     "miles_lite",
     "miles_lite.codecs",
     "miles_lite.engine",
-    "miles_lite.generate",
-    "miles_lite.pipeline",
     "miles_lite.pools",
     "miles_lite.rewards",
-    "miles_lite.sessions",
     "miles_lite.testing",
 ]
 

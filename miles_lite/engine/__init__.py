@@ -8,9 +8,9 @@ Usage::
                 raw = await client.post(url, "/rollout/generate", payload, request_id=rid)
 """
 
-from miles_lite.engine.abort import AbortReport, EngineAbort, abort_requests, busy_requests
 from miles_lite.engine.client import EngineClient, EngineClientStats
-from miles_lite.engine.client_config import EngineClientConfig
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.control import AbortReport, EngineAbort, abort_requests, busy_requests
 from miles_lite.engine.response import (
     BodyAllocator,
     BodyBuffer,

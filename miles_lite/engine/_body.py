@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from miles_lite.engine._aiohttp_errors import Progress
+from miles_lite.engine._errors import Progress
 from miles_lite.errors import ArenaError, BodyTooLargeError
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ import aiohttp
 import anyio
 import anyio.to_thread
 
-from miles_lite import _json
-from miles_lite.engine._aiohttp_errors import Attempt, Progress, translated, truncated_message
+from miles_lite._core import json as _json
 from miles_lite.engine._body import fill_view, read_all_chunks, read_excerpt, writable_bytes
-from miles_lite.engine.client_config import EngineClientConfig
+from miles_lite.engine._errors import Attempt, Progress, translated, truncated_message
+from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_fresh
 from miles_lite.engine.retry import RetryPolicy, retry_call
 from miles_lite.errors import (

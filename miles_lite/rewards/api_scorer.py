@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.client_config import EngineClientConfig
+from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.retry import RetryPolicy
 from miles_lite.errors import (
     BodyTooLargeError,

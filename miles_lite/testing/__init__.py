@@ -17,15 +17,16 @@
 
 from __future__ import annotations
 
-from miles_lite.testing.engine import StandInEngine
-from miles_lite.testing.engine_config import OPTIONAL_GROUPS, StandInConfig
-from miles_lite.testing.engine_stats import EngineStats
-from miles_lite.testing.faults import Faults
+from miles_lite.testing.diffusion.body import synthetic_body
+from miles_lite.testing.diffusion.config import OPTIONAL_GROUPS, StandInConfig
+from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing.diffusion.faults import Faults
+from miles_lite.testing.diffusion.request import SDE_TYPES, InvalidRequestError, RolloutRequest
+from miles_lite.testing.diffusion.stats import EngineStats
+from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_sample
 from miles_lite.testing.process import EngineProcess, EngineProcessGroup
-from miles_lite.testing.rollout_body import synthetic_body
-from miles_lite.testing.rollout_request import SDE_TYPES, InvalidRequestError, RolloutRequest
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
-from miles_lite.testing.text_engine import (
+from miles_lite.testing.text.engine import (
     SAMPLING_KEYS,
     SGLANG_VERSION,
     TextEngineStatistics,
@@ -33,13 +34,12 @@ from miles_lite.testing.text_engine import (
     TextStandInConfig,
     TextStandInEngine,
 )
-from miles_lite.testing.text_model import TinyModelPolicy
-from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
-from miles_lite.testing.text_process import TextEngineProcess, TextEngineProcessGroup
-from miles_lite.testing.text_shapes import shape_diff, wire_shape
-from miles_lite.testing.text_tools import ADD_TOOLS
+from miles_lite.testing.text.model import TinyModelPolicy
+from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.text.process import TextEngineProcess, TextEngineProcessGroup
+from miles_lite.testing.text.shapes import shape_diff, wire_shape
+from miles_lite.testing.text.tools import ADD_TOOLS
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
-from miles_lite.testing.trajectories import sigma_schedule, synthetic_sample
 
 __all__ = [
     "ADD_TOOLS",

@@ -29,8 +29,8 @@ from miles_lite.errors import (
     EngineUnavailableError,
 )
 from miles_lite.testing._start_stop import StartStop
-from miles_lite.testing.engine import StandInEngine
-from miles_lite.testing.engine_config import StandInConfig
+from miles_lite.testing.diffusion.config import StandInConfig
+from miles_lite.testing.diffusion.engine import StandInEngine
 
 __all__ = ["EngineProcess", "EngineProcessGroup"]
 

@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miles_lite.codecs import decode_msgpack
-from miles_lite.codecs.encode import encode_json_body, encode_msgpack_body
+from miles_lite.codecs.body import decode_msgpack
 from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.errors import CodecError
+from miles_lite.testing.diffusion.encode import encode_json_body, encode_msgpack_body
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"

@@ -10,14 +10,14 @@ import torch
 from hypothesis import given, settings
 from safetensors.torch import load
 
-from miles_lite.codecs import ALIGNMENT, decode_json, decode_msgpack, iter_refs
-from miles_lite.codecs.encode import (
+from miles_lite.codecs.body import ALIGNMENT, decode_json, decode_msgpack, iter_refs
+from miles_lite.codecs.tensors import decode_to_tensors, materialize
+from miles_lite.testing.diffusion.encode import (
     encode_json_body,
     encode_msgpack_body,
     encode_msgpack_pieces,
     encode_tensor_map,
 )
-from miles_lite.codecs.tensors import decode_to_tensors, materialize
 from tests.codecs.strategies import DTYPES, sample_trees, tensors
 from tests.codecs.wire import aligned_buffer, iter_tensors, same_tensor, same_tree
 

@@ -12,7 +12,7 @@ import msgpack
 import numpy as np
 import torch
 
-from miles_lite.codecs import ALIGNMENT
+from miles_lite.codecs.body import ALIGNMENT
 
 #: The keys every sample of a rollout answer carries (WIRE.md section 4).
 SAMPLE_KEYS = (

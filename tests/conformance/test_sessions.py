@@ -11,12 +11,15 @@ from typing import Any
 import openai
 import pytest
 
-from miles_lite.engine import EngineClient, EngineClientConfig, Router, RouterConfig
-from miles_lite.generate.text_state import TextState
-from miles_lite.sampling import TextSamplingParams
-from miles_lite.sessions import SessionServer, assemble_samples
+from miles_lite.agentic.assembly import assemble_samples
+from miles_lite.agentic.server import SessionServer
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.sglang.sampling import TextSamplingParams
+from miles_lite.text.context import TextState
 from miles_lite.types import Sample
-from tests.sessions.agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
+from tests.agentic.agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
 
 pytestmark = pytest.mark.anyio
 

@@ -16,12 +16,13 @@ import aiohttp
 import anyio
 import pytest
 
-from miles_lite.engine.client_config import EngineClientConfig
-from miles_lite.generate import GenerateFn, GenerateFnInput, multi_turn, single_turn
-from miles_lite.generate.text_request import check_text_sample
-from miles_lite.generate.tool_calls import ToolCall
-from miles_lite.pipeline.text_rollout import TextRollout, TextRolloutConfig
-from miles_lite.sampling import TextSamplingParams
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.rollout.contract import GenerateFn, GenerateFnInput
+from miles_lite.sglang.sampling import TextSamplingParams
+from miles_lite.text import multi_turn, single_turn
+from miles_lite.text.request import check_text_sample
+from miles_lite.text.rollout import TextRollout, TextRolloutConfig
+from miles_lite.text.tool_calls import ToolCall
 from miles_lite.types import SampleStatus
 
 pytestmark = pytest.mark.anyio

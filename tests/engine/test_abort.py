@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from miles_lite.engine import EngineClient, EngineClientConfig
-from miles_lite.engine.abort import abort_requests, busy_requests
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.control import abort_requests, busy_requests
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
 
 pytestmark = pytest.mark.anyio

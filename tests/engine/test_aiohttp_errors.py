@@ -11,7 +11,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from miles_lite.engine._aiohttp_errors import Attempt, Progress, translated
+from miles_lite.engine._errors import Attempt, Progress, translated
 from miles_lite.errors import (
     ConfigError,
     EngineProtocolError,

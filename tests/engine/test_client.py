@@ -12,15 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from miles_lite.engine import (
-    EngineClient,
-    EngineClientConfig,
-    FreshBuffer,
-    RetryPolicy,
-    allocate_fresh,
-)
-from miles_lite.engine._aiohttp_errors import Progress
 from miles_lite.engine._body import fill_view, read_all_chunks
+from miles_lite.engine._errors import Progress
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.response import FreshBuffer, allocate_fresh
+from miles_lite.engine.retry import RetryPolicy
 from miles_lite.errors import (
     ArenaError,
     BodyTooLargeError,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from miles_lite.engine import RetryPolicy, retry_call
+from miles_lite.engine.retry import RetryPolicy, retry_call
 from miles_lite.errors import (
     ClosedResourceError,
     ConfigError,

@@ -12,7 +12,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import Router, RouterConfig
 from miles_lite.errors import (
     ClosedResourceError,
     ConfigError,

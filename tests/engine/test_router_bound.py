@@ -7,7 +7,8 @@ import dataclasses
 import anyio
 import pytest
 
-from miles_lite.engine import EngineClient, Router
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.router import Router
 from miles_lite.errors import EngineUnavailableError
 from tests.engine.engine_fakes import Reply, ScriptedEngine
 from tests.engine.test_router import QUIET, client, engines, urls_of, wait_until

@@ -7,7 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import Router
 from miles_lite.errors import EngineStatusError, EngineTimeoutError, EngineUnavailableError
 from tests.engine.engine_fakes import Reply, ScriptedEngine
 from tests.engine.test_router import QUIET, engines, urls_of

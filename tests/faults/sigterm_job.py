@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import anyio
 
-from miles_lite import RewardPool, run_sync
+from miles_lite import run_sync
+from miles_lite.pools.reward_pool import RewardPool
 from miles_lite.types import Sample
 
 

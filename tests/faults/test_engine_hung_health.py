@@ -13,7 +13,10 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import Router, RouterConfig
 from miles_lite.errors import EngineTimeoutError
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
 from tests.engine.test_router import wait_until

@@ -10,9 +10,13 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from miles_lite.engine import EngineClient, EngineClientConfig, RetryPolicy, Router, RouterConfig
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import Router, RouterConfig
 from miles_lite.errors import EngineError, EngineUnavailableError
-from miles_lite.testing import StandInConfig, StandInEngine
+from miles_lite.testing.diffusion.config import StandInConfig
+from miles_lite.testing.diffusion.engine import StandInEngine
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from miles_lite.errors import ClosedResourceError, ConfigError, RewardError
-from miles_lite.rewards import ApiScorer, ApiScorerStatistics
+from miles_lite.rewards.api_scorer import ApiScorer, ApiScorerStatistics
 from miles_lite.types import Sample
 
 pytestmark = pytest.mark.anyio
@@ -276,7 +276,7 @@ def test_bad_options_raise_config_error(kwargs: dict[str, Any], field: str) -> N
 
 
 def test_the_default_request_is_json() -> None:
-    from miles_lite.rewards import decode_scores, encode_samples
+    from miles_lite.rewards.api_scorer import decode_scores, encode_samples
 
     body = encode_samples(samples(0))
     assert json.loads(json.dumps(body)) == body

@@ -16,7 +16,8 @@ import torch
 from transformers import CLIPConfig, CLIPModel, CLIPTokenizerFast
 
 from miles_lite.errors import ConfigError, RewardError
-from miles_lite.rewards import CLIP_MEAN, CLIP_STD, ClipReward, tiny_clip
+from miles_lite.rewards.clip_reward import CLIP_MEAN, CLIP_STD, ClipReward
+from miles_lite.rewards.tiny_clip import tiny_clip
 from miles_lite.types import Sample
 
 # Set in a pool worker by _install, as a reward pool keeps its function resident.

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from miles_lite.errors import ConfigError, RewardError
-from miles_lite.rewards import (
+from miles_lite.rewards.functions import (
     ConstantReward,
     constant_reward,
     latent_mean_reward,

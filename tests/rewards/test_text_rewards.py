@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from miles_lite.rewards import extract_boxed, f1_reward, f1_score, final_answer, math_reward
+from miles_lite.rewards.text_rewards import (
+    extract_boxed,
+    f1_reward,
+    f1_score,
+    final_answer,
+    math_reward,
+)
 from miles_lite.types import Sample
 
 

@@ -12,9 +12,9 @@ import anyio
 import pytest
 
 from miles_lite.errors import ConfigError
-from miles_lite.testing import TextEngineProcess
-from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text_policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.text.process import TextEngineProcess
 
 from .test_text_engine import assert_shape, post, post_get, wait_until
 

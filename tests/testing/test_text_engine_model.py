@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from miles_lite.errors import ConfigError
-from miles_lite.testing.text_engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text_model import TinyModelPolicy
+from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing.text.model import TinyModelPolicy
 
 from .test_text_engine import post
 

@@ -6,16 +6,12 @@ from typing import Any
 import pytest
 import torch
 
-from miles_lite.codecs.encode import encode_json_body, encode_msgpack_body
 from miles_lite.codecs.tensors import decode_to_tensors
-from miles_lite.testing import (
-    InvalidRequestError,
-    RolloutRequest,
-    StandInConfig,
-    sigma_schedule,
-    synthetic_body,
-    synthetic_sample,
-)
+from miles_lite.testing.diffusion.body import synthetic_body
+from miles_lite.testing.diffusion.config import StandInConfig
+from miles_lite.testing.diffusion.encode import encode_json_body, encode_msgpack_body
+from miles_lite.testing.diffusion.request import InvalidRequestError, RolloutRequest
+from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_sample
 
 REQUEST: dict[str, Any] = {
     "prompt": "a cat",

@@ -1,4 +1,5 @@
-"""Text rollouts over the text stand-in engine on loopback, with the real Qwen3 tokenizer."""
+"""Text generate functions and rollouts over the text stand-in engine on loopback, with the
+real Qwen3 tokenizer."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import anyio
 import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
-from miles_lite.engine import EngineClientConfig, RetryPolicy, RouterConfig
-from miles_lite.testing import (
-    TextPolicy,
-    TextRule,
-    TextStandInConfig,
-    TextStandInEngine,
-)
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing.text.policy import TextPolicy, TextRule
+from miles_lite.text.context import TextState
 
 #: What the scripted model answers: tool calls for arithmetic, a boxed answer otherwise.
 RULES = (
@@ -25,9 +26,41 @@ RULES = (
         r"add \d+ and \d+",
         '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
     ),
+    TextRule(r"slow tool", '<tool_call>\n{"name": "slow", "arguments": {}}\n</tool_call>'),
     TextRule(r"broken tool", "<tool_call>\n{not json}\n</tool_call>"),
+    TextRule(
+        r"loop forever", '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 1}}\n</tool_call>'
+    ),
     TextRule(r"What is 2\+3", "It is \\boxed{5}."),
 )
+
+
+OpenState = Callable[..., AbstractAsyncContextManager[tuple[TextState, TextStandInEngine]]]
+
+
+@pytest.fixture
+def text_state(tokenizer: Any) -> OpenState:
+    """``async with text_state(**TextState fields, engine=TextStandInConfig) as (state, engine)``:
+    a TextState over a Router and EngineClient pointing at one stand-in on loopback."""
+
+    @asynccontextmanager
+    async def open_state(
+        *, engine: TextStandInConfig | None = None, **state_fields: Any
+    ) -> AsyncIterator[tuple[TextState, TextStandInEngine]]:
+        config = engine or TextStandInConfig(policy=TextPolicy(rules=RULES))
+        stand_in = TextStandInEngine(config, tokenizer)
+        await stand_in.__aenter__()
+        try:
+            async with (
+                EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client,
+                Router([stand_in.url], client, RouterConfig(max_inflight_per_engine=8)) as router,
+            ):
+                yield TextState(tokenizer=tokenizer, router=router, **state_fields), stand_in
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stand_in.aclose()
+
+    return open_state
 
 
 OpenRollout = Callable[..., AbstractAsyncContextManager[TextRollout]]

@@ -8,12 +8,14 @@ from typing import Any
 import anyio
 import pytest
 
-from miles_lite import SampleStatus, ToolError
-from miles_lite.errors import ConfigError
-from miles_lite.generate import multi_turn
-from miles_lite.generate.multi_turn import MultiTurnOptions
-from miles_lite.generate.text_request import check_text_sample
-from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, token_logprob
+from miles_lite import SampleStatus
+from miles_lite.errors import ConfigError, ToolError
+from miles_lite.testing.text.engine import TextStandInConfig
+from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
+from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.text import multi_turn
+from miles_lite.text.multi_turn import MultiTurnOptions
+from miles_lite.text.request import check_text_sample
 from tests.text.conftest import RULES, OpenRollout
 
 pytestmark = pytest.mark.anyio

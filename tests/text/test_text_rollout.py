@@ -7,21 +7,15 @@ from typing import Any
 
 import pytest
 
-from miles_lite import (
-    AgentGenerate,
-    EngineStatusError,
-    GenerateError,
-    SampleStatus,
-    SamplingParamsError,
-    SessionServerConfig,
-    TextRollout,
-    TextSamplingParams,
-)
-from miles_lite.generate import GenerateFnInput
-from miles_lite.generate.text_request import check_text_sample
-from miles_lite.pipeline import drop_zero_std
-from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
-from tests.sessions import agents_plain
+from miles_lite import AgentGenerate, GenerateError, SampleStatus, TextRollout, TextSamplingParams
+from miles_lite.agentic.server import SessionServerConfig
+from miles_lite.errors import EngineStatusError, SamplingParamsError
+from miles_lite.rollout.contract import GenerateFnInput
+from miles_lite.rollout.filters import drop_zero_std
+from miles_lite.testing.text.engine import TextStandInConfig
+from miles_lite.testing.text.policy import TextPolicy, token_logprob
+from miles_lite.text.request import check_text_sample
+from tests.agentic import agents_plain
 from tests.text.conftest import RULES, OpenRollout
 
 pytestmark = pytest.mark.anyio
@@ -132,7 +126,7 @@ async def test_bad_input_fails_its_sample_and_the_rest_goes_on(
 async def test_an_engine_400_surfaces_with_sglangs_message(text_rollout: OpenRollout) -> None:
     async def bad_key(input: GenerateFnInput) -> Any:
         # Bypass the library's check, as a custom function might: SGLang refuses.
-        from miles_lite.generate.text_request import post_generate
+        from miles_lite.text.request import post_generate
 
         payload = {"input_ids": [1, 2], "sampling_params": {"bogus": 1}, "rid": "r" * 32}
         return await post_generate(input.state, payload)
@@ -158,7 +152,7 @@ async def test_an_engine_400_surfaces_with_sglangs_message(text_rollout: OpenRol
 
 
 async def test_a_filter_drops_groups_whose_rewards_agree(text_rollout: OpenRollout) -> None:
-    from miles_lite.rewards import math_reward
+    from miles_lite.rewards.text_rewards import math_reward
 
     async with text_rollout(
         n_samples_per_prompt=2,
@@ -166,7 +160,7 @@ async def test_a_filter_drops_groups_whose_rewards_agree(text_rollout: OpenRollo
         rewards={"math": math_reward},
         dynamic_filter=drop_zero_std(),
     ) as (rollout, _):
-        from miles_lite.pipeline import PromptGroup
+        from miles_lite.rollout.groups import PromptGroup
 
         result = await rollout.run(
             [

@@ -1,0 +1,348 @@
+"""The rollout driver every kind of rollout runs on.
+
+Prompt groups come in; each group is cut into units of work (a microgroup for diffusion,
+one sample for text) and every unit is a task in one anyio task group: generate, then
+score at once in a reward pool. The per-engine in-flight bound is the router's (a unit
+waits for a free engine slot inside its generate function), so it holds across rollouts
+sharing the engines. Once a group is whole, ``group_reward`` scores it and the dynamic
+filters keep or drop it, with a reason.
+
+Oversampling and early stop (miles' ``rollout_batch_size`` / ``over_sampling_batch_size``):
+groups start in batches while fewer than ``target`` are kept or running; once ``target``
+groups are kept the rollout stops. Units not yet started are never sent; the kind's
+``abort`` hook stops what is in flight at the engines (text: ``/abort_request``), and,
+for kinds that drain, the units still generating come back with their partial output;
+everything else (rewards of unneeded work included) is cancelled, not awaited. The
+whole stop is shielded and bounded by ``stop_timeout_s``: an engine that never answers
+does not stall it. Groups started but not finished are returned as ``partial``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, Protocol
+
+import anyio
+import anyio.lowlevel
+
+from miles_lite.errors import GenerateError, MilesLiteError
+from miles_lite.rollout.filters import GroupFilter, apply_filters
+from miles_lite.rollout.result import RolloutResult
+from miles_lite.rollout.scoring import Scorer
+from miles_lite.rollout.spans import UnitSpan, span_metrics
+from miles_lite.types import Sample, SampleStatus
+
+__all__ = ["Driver", "RolloutKind"]
+
+#: Groups started per loop step (see _Run._schedule).
+_START_CHUNK = 8
+#: Statuses of a sample that needs no more generation.
+_DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+
+
+class RolloutKind(Protocol):
+    """What a kind of rollout gives the driver."""
+
+    #: After ``abort``, wait (bounded) for in-flight units to come back with partial
+    #: output (text) instead of cancelling them at once (diffusion: engines cannot abort).
+    drain_on_stop: bool
+
+    def units(self, group: list[Sample]) -> list[list[Sample]]:
+        """Cut a group into units of work (each sent by one generate call)."""
+        ...
+
+    async def generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
+        """Generate one unit; return its samples (may be more than given). May raise."""
+        ...
+
+    async def abort(self) -> None:
+        """Stop in-flight work at the engines (early stop). Bounded by the driver."""
+        ...
+
+    def measure(self) -> AbstractContextManager[Callable[[], dict[str, float]]]:
+        """A window over one rollout; yields a function giving the kind's metrics for it."""
+        ...
+
+    def sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
+        """Metrics computed from the kept samples (text: lengths, truncation, ...)."""
+        ...
+
+
+class Driver:
+    """Runs rollouts of one kind (see the module docstring).
+
+    ``filters`` are applied in order to each whole group (the first drop wins);
+    ``progress`` shows a tqdm bar counted in samples; ``stop_timeout_s`` bounds an early
+    stop (abort at the engines and drain), in seconds. ``max_started_samples`` bounds the
+    samples of the groups started and not yet done (``None``: start every group at once);
+    a group always starts when none runs. The rollouts set it to twice what their engines
+    take at once: starting 4,096 unit tasks in one go stalls the event loop for a second
+    while each runs its first step, and gains nothing, since they would wait for a slot.
+    """
+
+    def __init__(
+        self,
+        kind: RolloutKind,
+        scorer: Scorer,
+        *,
+        filters: Sequence[GroupFilter] = (),
+        progress: bool = False,
+        stop_timeout_s: float = 10.0,
+        max_started_samples: int | None = None,
+    ) -> None:
+        if max_started_samples is not None and max_started_samples < 1:
+            raise ValueError(f"max_started_samples must be >= 1, got {max_started_samples}")
+        self.kind = kind
+        self.scorer = scorer
+        self.filters = list(filters)
+        self.progress = progress
+        self.stop_timeout_s = stop_timeout_s
+        self.max_started_samples = max_started_samples
+
+    async def run(
+        self,
+        groups: list[list[Sample]],
+        *,
+        target: int | None = None,
+        batch_size: int | None = None,
+        rollout_id: int = 0,
+    ) -> RolloutResult:
+        """Run ``groups`` until ``target`` are kept (default: all of them) and return them.
+
+        ``batch_size``: groups started at a time while more are needed (default:
+        ``target``). Failures of units, rewards and filters do not raise: their samples
+        come back FAILED with a typed error. Cancelling ``run`` aborts the in-flight work
+        at the engines (shielded, bounded) and propagates.
+        """
+        run = _Run(self, groups, target=target, batch_size=batch_size)
+        return await run.execute(rollout_id)
+
+
+class _Run:
+    """The state of one rollout: which groups run, which are kept, and the stop."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        groups: list[list[Sample]],
+        *,
+        target: int | None,
+        batch_size: int | None,
+    ) -> None:
+        self.driver = driver
+        self.kind = driver.kind
+        self.groups = groups
+        self.target = len(groups) if target is None else target
+        self.batch_size = batch_size or max(self.target, 1)
+        if self.target < 0 or self.batch_size < 1:
+            raise ValueError(f"target {target!r} and batch_size {batch_size!r} must be >= 1")
+        self.max_started = driver.max_started_samples or math.inf
+        self.started_sizes: dict[int, int] = {}  # samples of each started group not yet done
+        self.started_samples = 0  # their sum
+        self.kept: list[int] = []
+        self.outputs: dict[int, list[list[Sample]]] = {}
+        self.filtered: list[tuple[int, str]] = []
+        self.finished: set[int] = set()
+        self.spans: list[UnitSpan] = []
+        self.stopping = anyio.Event()
+        self.generating = 0
+        self.drained = anyio.Event()
+        self.done_send, self.done_receive = anyio.create_memory_object_stream[int](math.inf)
+        self.bar: Any = None
+        self.stop_time: float | None = None
+        self.started = 0
+
+    async def execute(self, rollout_id: int) -> RolloutResult:
+        t0 = time.monotonic()
+        driver = self.driver
+        total = sum(len(g) for g in self.groups[: self.target])
+        self.bar = _progress_bar(total) if driver.progress else None
+        with ExitStack() as stack:
+            kind_metrics = stack.enter_context(self.kind.measure())
+            windows = {
+                k: stack.enter_context(p.measure()) for k, p in driver.scorer.rewards.items()
+            }
+            try:
+                async with anyio.create_task_group() as tg:
+                    try:
+                        await self._schedule(tg)
+                    finally:
+                        if not self.stopping.is_set() and self.started > len(self.finished):
+                            # Cancelled from outside: still stop the engines' work.
+                            await self._stop(tg)
+            finally:
+                self.done_send.close()
+                self.done_receive.close()
+                if self.bar is not None:
+                    self.bar.close()
+            elapsed = time.monotonic() - t0
+            metrics = self._metrics(elapsed, kind_metrics(), windows)
+        return self._result(rollout_id, metrics)
+
+    async def _schedule(self, tg: Any) -> None:
+        n = len(self.groups)
+        active = 0
+        while True:
+            while self.started < n and active < self.target - len(self.kept) and self._fits():
+                for i in range(min(self.batch_size, n - self.started)):
+                    if not self._fits():
+                        break
+                    if i and i % _START_CHUNK == 0:
+                        # Let the groups just started take their first steps (and the
+                        # loop its other work) before starting more: hundreds of first
+                        # steps in one loop iteration stall it for a quarter second.
+                        await anyio.lowlevel.checkpoint()
+                    size = self.started_sizes[self.started] = len(self.groups[self.started])
+                    self.started_samples += size
+                    tg.start_soon(self._run_group, self.started)
+                    self.started += 1
+                    active += 1
+            if active == 0:
+                return
+            self.started_samples -= self.started_sizes.pop(await self.done_receive.receive())
+            active -= 1
+            if len(self.kept) >= self.target:
+                if active:
+                    await self._stop(tg)
+                return
+
+    def _fits(self) -> bool:
+        """Whether the next group may start under ``max_started_samples``."""
+        size = len(self.groups[self.started])
+        return not self.started_sizes or self.started_samples + size <= self.max_started
+
+    async def _stop(self, tg: Any) -> None:
+        """Early stop: nothing new is sent, in-flight work is aborted, the rest cancelled."""
+        t0 = time.monotonic()
+        self.stopping.set()
+        with anyio.move_on_after(self.driver.stop_timeout_s, shield=True):
+            await self.kind.abort()
+            if self.kind.drain_on_stop and self.generating:
+                await self.drained.wait()
+        self.stop_time = time.monotonic() - t0
+        tg.cancel_scope.cancel()
+
+    async def _run_group(self, index: int) -> None:
+        group = self.groups[index]
+        units = self.kind.units(group)
+        # Units write what they made here, so a group stopped early keeps the samples its
+        # generate functions returned (they may be new objects) with their partial output.
+        outputs: list[list[Sample]] = [list(u) for u in units]
+        self.outputs[index] = outputs
+        async with anyio.create_task_group() as tg:
+            for u, unit in enumerate(units):
+                span = UnitSpan(group_index=index, unit_index=u, size=len(unit))
+                self.spans.append(span)
+                tg.start_soon(self._run_unit, unit, span, outputs, u)
+        if self.stopping.is_set():
+            return
+        whole = self._whole(index)
+        await self.driver.scorer.score_group(whole)
+        verdict = apply_filters(self.driver.filters, whole)
+        if self.stopping.is_set():
+            return
+        if verdict.keep and len(self.kept) < self.target:
+            self.kept.append(index)
+            if self.bar is not None:
+                self.bar.update(len(whole))
+        elif verdict.keep:
+            return  # finished after enough were kept: it stays partial (already whole)
+        else:
+            self.filtered.append((index, verdict.reason or "filtered"))
+        self.finished.add(index)
+        self.done_send.send_nowait(index)
+
+    async def _run_unit(
+        self, unit: list[Sample], span: UnitSpan, outputs: list[list[Sample]], slot: int
+    ) -> None:
+        if all(s.status in _DONE for s in unit):
+            out = unit  # carried over from an earlier rollout (partial rollout)
+        else:
+            if self.stopping.is_set():
+                return  # never sent
+            self.generating += 1
+            try:
+                out = await self._generate(unit, span)
+            finally:
+                self.generating -= 1
+                if self.generating == 0 and self.stopping.is_set():
+                    self.drained.set()
+        outputs[slot] = out
+        if self.stopping.is_set():
+            return  # no reward for work the rollout no longer needs
+        span.reward_start = time.monotonic()
+        await self.driver.scorer.score_unit(out, url=span.engine)
+        span.reward_end = time.monotonic()
+
+    async def _generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
+        try:
+            return await self.kind.generate(unit, span)
+        except MilesLiteError as exc:
+            error: MilesLiteError = exc
+        except Exception as exc:
+            error = GenerateError(f"generate function raised {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+        for sample in unit:
+            sample.fail(error)
+        span.error = str(error)
+        return unit
+
+    def _whole(self, index: int) -> list[Sample]:
+        """Group ``index`` as its units left it (the input samples if it never started)."""
+        outputs = self.outputs.get(index)
+        if outputs is not None:
+            whole = [s for out in outputs for s in out]
+            for sample in whole:
+                sample.group_index = index
+            self.groups[index] = whole
+        return self.groups[index]
+
+    def _metrics(
+        self, elapsed: float, kind_metrics: dict[str, float], windows: dict[str, Any]
+    ) -> dict[str, float]:
+        kept = [s for i in self.kept for s in self.groups[i]]
+        metrics: dict[str, float] = {
+            "perf/rollout_time": elapsed,
+            "rollout/kept_groups": float(len(self.kept)),
+            "rollout/started_groups": float(self.started),
+            "rollout/samples": float(len(kept)),
+            "rollout/failed_samples": float(sum(s.status is SampleStatus.FAILED for s in kept)),
+            "rollout/filtered_groups": float(len(self.filtered)),
+            "rollout/partial_groups": float(len(self.groups) - len(self.finished)),
+        }
+        for _, reason in self.filtered:
+            key = f"rollout/dynamic_filter/drop_{reason}"
+            metrics[key] = metrics.get(key, 0.0) + 1.0
+        if self.stop_time is not None:
+            metrics["perf/stop_time"] = self.stop_time
+        for kind, window in windows.items():
+            if window.ran:
+                metrics[f"perf/reward_max_queue_depth_{kind}"] = float(window.max_queue_depth)
+        metrics.update(span_metrics(self.spans))
+        metrics.update(kind_metrics)
+        metrics.update(self.kind.sample_metrics(kept))
+        return metrics
+
+    def _result(self, rollout_id: int, metrics: dict[str, float]) -> RolloutResult:
+        def ordered(group: list[Sample]) -> list[Sample]:
+            return sorted(group, key=lambda s: s.index)
+
+        filtered = sorted(self.filtered)
+        return RolloutResult(
+            groups=[ordered(self.groups[i]) for i in sorted(self.kept)],
+            filtered=[ordered(self.groups[i]) for i, _ in filtered],
+            filter_reasons=[reason for _, reason in filtered],
+            partial=[ordered(g) for i, g in enumerate(self.groups) if i not in self.finished],
+            metrics=metrics,
+            spans=sorted(self.spans, key=lambda s: (s.group_index, s.unit_index)),
+            rollout_id=rollout_id,
+        )
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sample", desc="rollout", leave=False)

@@ -1,0 +1,108 @@
+"""Metrics of a text rollout, computed from its kept samples, with miles' names."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from miles_lite.rollout.filters import reward_value
+from miles_lite.types import Sample, SampleStatus
+
+__all__ = ["text_metrics"]
+
+
+def text_metrics(
+    samples: list[Sample], *, rollout_time_s: float | None = None, reward_key: str | None = None
+) -> dict[str, float]:
+    """``rollout/response_len/*``, ``rollout/truncated_ratio``, ``rollout/zero_std/*``,
+    weight versions, TITO mismatches and, given the rollout time, ``perf/tokens_per_sec``.
+
+    Response lengths are effective ones (``sum(loss_mask)``: model tokens, not tool
+    output), as miles logs them. FAILED samples are left out of length statistics.
+    """
+    metrics: dict[str, float] = {}
+    live = [s for s in samples if s.status is not SampleStatus.FAILED]
+    lengths = [_effective_length(s) for s in live]
+    if lengths:
+        metrics["rollout/response_len/mean"] = statistics.fmean(lengths)
+        metrics["rollout/response_len/median"] = float(statistics.median(lengths))
+        metrics["rollout/response_len/max"] = float(max(lengths))
+        metrics["rollout/response_len/min"] = float(min(lengths))
+    if samples:
+        truncated = sum(s.status is SampleStatus.TRUNCATED for s in samples)
+        metrics["rollout/truncated_ratio"] = truncated / len(samples)
+        metrics["rollout/aborted_ratio"] = sum(
+            s.status is SampleStatus.ABORTED for s in samples
+        ) / len(samples)
+    if rollout_time_s and rollout_time_s > 0:
+        total = sum(s.response_length for s in live)
+        metrics["perf/tokens_per_sec"] = total / rollout_time_s
+        metrics["perf/effective_tokens_per_sec"] = sum(lengths) / rollout_time_s
+        if live:
+            metrics["perf/longest_sample_tokens_per_sec"] = (
+                max(s.response_length for s in live) / rollout_time_s
+            )
+    metrics.update(_zero_std(samples, reward_key))
+    metrics.update(_weight_versions(live))
+    flagged = [
+        s.metadata["tito_session_mismatch"]
+        for s in samples
+        if "tito_session_mismatch" in s.metadata
+    ]
+    if flagged:
+        metrics["rollout/tito_session_mismatch_rate"] = sum(map(bool, flagged)) / len(flagged)
+    return metrics
+
+
+def _effective_length(sample: Sample) -> int:
+    if sample.loss_mask is None:
+        return sample.response_length
+    return sum(sample.loss_mask)
+
+
+def _zero_std(samples: list[Sample], reward_key: str | None) -> dict[str, float]:
+    """Groups whose rewards all agree, counted by that reward (DAPO's zero-std groups)."""
+    groups: dict[int, list[float | None]] = defaultdict(list)
+    for sample in samples:
+        groups[sample.group_index].append(reward_value(sample, reward_key))
+    counts: dict[str, float] = {}
+    all_zero = all_one = scored = 0
+    for values in groups.values():
+        if len(values) < 2 or any(v is None for v in values):
+            continue
+        scored += 1
+        first = values[0]
+        if all(v == first for v in values):
+            key = f"rollout/zero_std/count_{first:g}"
+            counts[key] = counts.get(key, 0.0) + 1.0
+            all_zero += first == 0.0
+            all_one += first == 1.0
+    if scored:
+        counts["rollout/zero_std/all_zero_percentage"] = all_zero / scored
+        counts["rollout/zero_std/all_one_percentage"] = all_one / scored
+    return counts
+
+
+def _weight_versions(samples: list[Sample]) -> dict[str, float]:
+    """Spread of the policy versions the samples were generated with."""
+    seen = [s.weight_versions for s in samples if s.weight_versions]
+    if not seen:
+        return {}
+    metrics = {
+        "rollout/weight_version/distinct": float(len({v for vs in seen for v in vs})),
+        "rollout/weight_version/mixed_version_ratio": sum(len(set(vs)) > 1 for vs in seen)
+        / len(seen),
+    }
+    numeric = [float(v) for vs in seen for v in vs if _is_number(v)]
+    if numeric:
+        metrics["rollout/weight_version/min"] = min(numeric)
+        metrics["rollout/weight_version/max"] = max(numeric)
+    return metrics
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,111 @@
+"""Session-server tests: a text stand-in engine on loopback, a router, a SessionServer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import pytest
+
+from miles_lite.agentic.server import SessionServer, SessionServerConfig
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.sglang.sampling import TextSamplingParams
+from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing.text.policy import TextPolicy, TextRule
+from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.text.context import TextState
+
+from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
+
+TOOLS = ADD_TOOLS  # the stand-in scripts call this "add" tool
+
+RULES = (
+    TextRule(r"<tool_response>", "The sum is \\boxed{5}."),
+    TextRule(
+        r"add \d+ and \d+",
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+    ),
+    TextRule(r"Think first", "<think>\nLet me add.\n</think>\n\nIt is 5."),
+    TextRule(r"And now\?", "Still 5."),
+    TextRule(r"Say hi", "Hi there."),
+    TextRule(r"Box it", "It is \\boxed{5}."),
+)
+
+
+@dataclass
+class Stack:
+    engines: list[TextStandInEngine]
+    router: Router
+    state: TextState
+    server: SessionServer
+
+
+OpenStack = Callable[..., AbstractAsyncContextManager[Stack]]
+
+
+@pytest.fixture
+def stack(tokenizer: Any) -> OpenStack:
+    """``async with stack(engines=1, engine_config=..., server_config=...) as s``."""
+
+    @asynccontextmanager
+    async def open_stack(
+        *,
+        engines: int = 1,
+        engine_config: TextStandInConfig | None = None,
+        server_config: SessionServerConfig | None = None,
+        max_new_tokens: int = 64,
+    ) -> AsyncIterator[Stack]:
+        config = engine_config or TextStandInConfig(policy=TextPolicy(rules=RULES))
+        opened: list[TextStandInEngine] = []
+        try:
+            for _ in range(engines):
+                engine = TextStandInEngine(config, tokenizer)
+                await engine.__aenter__()
+                opened.append(engine)
+            client_config = EngineClientConfig(total_timeout_s=30.0)
+            async with (
+                EngineClient(client_config) as client,
+                Router([e.url for e in opened], client, RouterConfig()) as router,
+            ):
+                state = TextState(
+                    tokenizer=tokenizer,
+                    router=router,
+                    sampling=TextSamplingParams(max_new_tokens=max_new_tokens),
+                )
+                async with SessionServer(state, server_config) as server:
+                    state.sessions = server
+                    yield Stack(engines=opened, router=router, state=state, server=server)
+        finally:
+            for engine in opened:
+                await engine.aclose()
+
+    return open_stack
+
+
+Clients = Callable[..., openai.AsyncOpenAI]
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Clients]:
+    """``clients(base_url, api_key)``: real openai clients, all closed after the test."""
+    made: list[openai.AsyncOpenAI] = []
+
+    def make(base_url: str, api_key: str = "unused") -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=30,
+            http_client=openai.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
+        )
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.close()

@@ -1,0 +1,59 @@
+"""record_from_choice: an engine's chat answer read into a TurnRecord, or refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from miles_lite.errors import EngineProtocolError
+from miles_lite.sglang.chat_wire import record_from_choice
+
+
+def answer(triples: Any, prompt: Any = None) -> dict[str, Any]:
+    return {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "prompt_token_ids": [1, 2, 3] if prompt is None else prompt,
+                "meta_info": {"output_token_logprobs": triples, "weight_version": "w"},
+            }
+        ]
+    }
+
+
+def read(body: dict[str, Any]) -> Any:
+    return record_from_choice(body, rid="r", engine_url="http://e", request={})
+
+
+def test_a_good_answer_is_read_with_float_log_probs() -> None:
+    record = read(answer([[-0.5, 10, "a"], [0, 11, None], (-1.25, 12)]))
+    assert record.prompt_ids == [1, 2, 3] and record.output_ids == [10, 11, 12]
+    assert record.output_log_probs == [-0.5, 0.0, -1.25]
+    assert all(type(x) is float for x in record.output_log_probs)
+    assert (record.finish_reason, record.weight_version) == ("stop", "w")
+
+
+@pytest.mark.parametrize(
+    ("triples", "bad"),
+    [
+        ([[-0.5, 10], [-0.5, "11"]], 1),  # id not an int
+        ([[-0.5, 10], [None, 11]], 1),  # no log-prob
+        ([[-0.5, 10], [-0.5, 11], "xy"], 2),  # not a triple
+        ([[-0.5, 10], [-0.5]], 1),  # too short
+        ([{0: -0.5, 1: 10}], 0),  # a mapping that indexes like one
+        ([[True, 10]], 0),  # a bool is not a log-prob
+    ],
+)
+def test_a_bad_triple_is_named(triples: list[Any], bad: int) -> None:
+    with pytest.raises(EngineProtocolError, match=rf"output_token_logprobs\[{bad}\]"):
+        read(answer(triples))
+
+
+@pytest.mark.parametrize("prompt", [[1, "2"], [1, 2.0], "123", None])
+def test_prompt_ids_must_be_a_list_of_ints(prompt: Any) -> None:
+    body = answer([[-0.5, 10]], prompt=[] if prompt is None else prompt)
+    if prompt is None:
+        del body["choices"][0]["prompt_token_ids"]
+    with pytest.raises(EngineProtocolError, match="prompt_token_ids"):
+        read(body)

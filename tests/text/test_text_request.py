@@ -1,0 +1,281 @@
+"""The pure pieces of text generation: sampling keys, payloads, answers, invariants."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from miles_lite.errors import (
+    ConfigError,
+    EngineProtocolError,
+    SampleInvariantError,
+    SamplingParamsError,
+)
+from miles_lite.sglang.sampling import SAMPLING_KEYS, TextSamplingParams, check_sampling_params
+from miles_lite.text.context import InFlightRequests
+from miles_lite.text.request import (
+    append_env_tokens,
+    apply_generate_answer,
+    build_generate_payload,
+    check_text_sample,
+    new_rid,
+    status_of,
+)
+from miles_lite.types import Sample, SampleStatus
+
+
+def _answers(captures: Path) -> list[dict[str, Any]]:
+    """Every real /generate answer of the captures that carries output log-probs."""
+    found = []
+    for path in sorted(captures.glob("gen_*.json")):
+        data = json.loads(path.read_text())
+        answers = data if isinstance(data, list) else [data]
+        found.extend(a for a in answers if "output_token_logprobs" in a["meta_info"])
+    return found
+
+
+# sampling parameters -----------------------------------------------------------------
+
+
+def test_the_sampling_keys_are_exactly_the_ones_sglang_lists(captures: Path) -> None:
+    # The 400 SGLang answered to an unknown key lists every key it accepts.
+    error = json.loads((captures / "gen_bad_sampling_key.txt").read_text().splitlines()[0])
+    listed = [part.strip(" `") for part in error["error"].split("expected one of ")[1].split(",")]
+    assert tuple(listed) == SAMPLING_KEYS  # the same keys, in SGLang's order
+
+
+def test_defaults_are_miles_compute_sampling_params() -> None:
+    assert TextSamplingParams(max_new_tokens=16).to_payload() == {
+        "max_new_tokens": 16,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    }
+    params = TextSamplingParams(stop=["\n\n"], stop_token_ids=[151645], extra={"min_p": 0.1})
+    payload = params.to_payload()
+    assert payload["stop"] == ["\n\n"] and payload["min_p"] == 0.1
+    payload["stop"].append("x")  # a fresh copy every time
+    assert params.to_payload()["stop"] == ["\n\n"]
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"max_tokens": 8}, "'max_tokens' (did you mean 'max_new_tokens'?)"),
+        ({"seed": 1}, "'seed' (did you mean 'sampling_seed'?)"),
+        ({"temperature": 1.0, "bogus": 1}, "'bogus'"),
+        ({"n": 2}, "'n' must be 1"),
+    ],
+)
+def test_an_unknown_key_is_refused_naming_it(params: dict[str, Any], named: str) -> None:
+    with pytest.raises(SamplingParamsError, match="sampling key") as info:
+        check_sampling_params(params)
+    assert named in str(info.value)
+    assert isinstance(info.value, ConfigError)
+    if "n" not in params:
+        assert "max_new_tokens" in str(info.value)  # the allowed keys are listed
+
+
+def test_sampling_params_config_errors_name_the_field() -> None:
+    with pytest.raises(SamplingParamsError, match="max_new_tokens must be >= 0"):
+        TextSamplingParams(max_new_tokens=-1)
+    with pytest.raises(SamplingParamsError, match="max_new_tokens must be an int"):
+        TextSamplingParams(max_new_tokens=True)
+    with pytest.raises(SamplingParamsError, match="repeats fields"):
+        TextSamplingParams(extra={"temperature": 0.5})
+    with pytest.raises(SamplingParamsError, match="'max_tokens'"):
+        TextSamplingParams(extra={"max_tokens": 4})
+
+
+# payloads ----------------------------------------------------------------------------
+
+
+def test_a_payload_is_ids_checked_params_logprobs_and_a_fresh_rid() -> None:
+    sample = Sample(seed=7)
+    params = {"max_new_tokens": 4, "temperature": 0.5}
+    payload = build_generate_payload(sample, [1, 2, 3], params)
+    assert payload["input_ids"] == [1, 2, 3]
+    assert payload["sampling_params"] == {**params, "sampling_seed": 7}
+    assert params == {"max_new_tokens": 4, "temperature": 0.5}  # the caller's dict untouched
+    assert payload["return_logprob"] is True
+    assert "logprob_start_len" not in payload and "image_data" not in payload
+    rids = {build_generate_payload(sample, [1], params)["rid"] for _ in range(200)}
+    assert len(rids) == 200 and {len(r) for r in rids} == {32}
+    # No rid is a prefix of another: SGLang aborts by rid prefix.
+    assert not any(a != b and b.startswith(a) for a in rids for b in rids)
+    # An explicit seed wins over the sample's; no seed, no key.
+    explicit = build_generate_payload(sample, [1], {"sampling_seed": 3})
+    assert explicit["sampling_params"]["sampling_seed"] == 3
+    assert "sampling_seed" not in build_generate_payload(Sample(), [1], {})["sampling_params"]
+    with_images = build_generate_payload(sample, [1], {}, image_data=["data:image/png;base64,x"])
+    assert with_images["image_data"] == ["data:image/png;base64,x"]
+    assert len(new_rid()) == 32
+
+
+def test_a_payload_with_an_unknown_key_is_never_built() -> None:
+    with pytest.raises(SamplingParamsError, match="'max_tokens'"):
+        build_generate_payload(Sample(), [1], {"max_tokens": 4})
+
+
+# answers -----------------------------------------------------------------------------
+
+
+def test_real_answers_fill_the_sample_from_output_token_logprobs(captures: Path) -> None:
+    answers = _answers(captures)
+    assert len(answers) >= 4
+    for answer in answers:
+        meta = answer["meta_info"]
+        sample = Sample(tokens=[9, 9])
+        new = apply_generate_answer(sample, answer)
+        triples = meta["output_token_logprobs"]
+        assert new == [t[1] for t in triples] == answer["output_ids"]
+        assert sample.tokens == [9, 9, *new]
+        assert sample.response == answer["text"]
+        assert sample.response_length == len(new)
+        assert sample.loss_mask == [1] * len(new)
+        assert sample.rollout_log_probs == [t[0] for t in triples]
+        assert sample.weight_versions == [meta["weight_version"]]
+        assert sample.request_id == meta["id"]
+        assert sample.status is status_of(answer)
+        assert sample.prefix_cache_info.cached_tokens == meta["cached_tokens"]
+        assert sample.prefix_cache_info.total_prompt_tokens == meta["prompt_tokens"]
+        check_text_sample(sample)
+
+
+def test_a_second_answer_appends_and_records_its_weight_version(captures: Path) -> None:
+    answer = json.loads((captures / "gen_stop.json").read_text())
+    later = {**answer, "meta_info": {**answer["meta_info"], "weight_version": "2"}}
+    sample = Sample(tokens=[1])
+    apply_generate_answer(sample, answer)
+    apply_generate_answer(sample, later)
+    n = len(answer["output_ids"])
+    assert sample.response_length == 2 * n and len(sample.tokens) == 1 + 2 * n
+    assert sample.weight_versions == ["default", "2"]
+    assert sample.prefix_cache_info.total_prompt_tokens == 2 * answer["meta_info"]["prompt_tokens"]
+    check_text_sample(sample)
+
+
+@pytest.mark.parametrize(
+    ("finish", "status"),
+    [
+        ({"type": "stop", "matched": 151645}, SampleStatus.COMPLETED),
+        ({"type": "length", "length": 3}, SampleStatus.TRUNCATED),
+        ({"type": "abort", "message": "Aborted"}, SampleStatus.ABORTED),
+    ],
+)
+def test_status_follows_finish_reason(finish: dict[str, Any], status: SampleStatus) -> None:
+    answer = {
+        "text": "hi",
+        "output_ids": [5],
+        "meta_info": {
+            "id": "r",
+            "finish_reason": finish,
+            "output_token_logprobs": [[-0.5, 5, None]],
+        },
+    }
+    sample = Sample(tokens=[1])
+    apply_generate_answer(sample, answer)
+    assert sample.status is status
+    assert sample.metadata["finish_reason"] == finish["type"]
+    if "matched" in finish:
+        assert sample.metadata["matched_stop"] == 151645
+
+
+def test_answers_that_do_not_line_up_are_typed_errors(captures: Path) -> None:
+    # Asked without return_logprob (the abort capture): no log-probs to train on.
+    no_logprobs = json.loads((captures / "abort_victim.json").read_text())
+    with pytest.raises(EngineProtocolError, match="no output_token_logprobs"):
+        apply_generate_answer(Sample(tokens=[1]), no_logprobs)
+    good = json.loads((captures / "gen_stop.json").read_text())
+    with pytest.raises(EngineProtocolError, match="differ from output_ids"):
+        apply_generate_answer(Sample(tokens=[1]), {**good, "output_ids": [0, 0, 0]})
+    odd = {**good, "meta_info": {**good["meta_info"], "finish_reason": {"type": "eaten"}}}
+    with pytest.raises(EngineProtocolError, match="unexpected finish_reason") as info:
+        apply_generate_answer(Sample(tokens=[1]), odd)
+    assert info.value.request_id == good["meta_info"]["id"]
+
+
+def test_env_tokens_get_mask_zero_and_log_prob_zero() -> None:
+    sample = Sample(tokens=[1, 2])
+    append_env_tokens(sample, [7, 8, 9], "<tool>")
+    assert sample.tokens == [1, 2, 7, 8, 9] and sample.response == "<tool>"
+    assert sample.loss_mask == [0, 0, 0] and sample.rollout_log_probs == [0.0, 0.0, 0.0]
+    assert sample.response_length == 3
+    check_text_sample(sample)
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"tokens": [1], "response_length": 2}, "tokens has 1 entries < response_length 2"),
+        ({"tokens": [1, 2], "response_length": 1, "loss_mask": [1, 1]}, "loss_mask has 2"),
+        (
+            {"tokens": [1, 2], "response_length": 2, "rollout_log_probs": [0.0]},
+            "rollout_log_probs has 1",
+        ),
+    ],
+)
+def test_invariant_violations_are_typed_and_named(fields: dict[str, Any], problem: str) -> None:
+    sample = Sample(index=4, request_id="rid-x", **fields)
+    with pytest.raises(SampleInvariantError, match="sample 4") as info:
+        sample.validate()
+    assert problem in str(info.value) and info.value.request_id == "rid-x"
+    with pytest.raises(SampleInvariantError):
+        check_text_sample(sample)
+
+
+def test_in_flight_requests_track_and_forget() -> None:
+    in_flight = InFlightRequests()
+    with in_flight.track("a"), in_flight.track("b"):
+        assert in_flight.rids() == ["a", "b"] and len(in_flight) == 2
+    assert len(in_flight) == 0
+    with pytest.raises(RuntimeError), in_flight.track("c"):
+        raise RuntimeError("the request failed")
+    assert in_flight.rids() == []
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("model"), st.integers(0, 6), st.sampled_from(["stop", "length"])),
+            st.tuples(st.just("env"), st.integers(0, 6), st.just("")),
+        ),
+        max_size=8,
+    ),
+    st.integers(0, 5),
+)
+def test_any_mix_of_model_and_env_turns_keeps_the_invariants(
+    turns: list[tuple[str, int, str]], prompt_len: int
+) -> None:
+    sample = Sample(tokens=list(range(prompt_len)))
+    expected_mask: list[int] = []
+    for kind, n, finish in turns:
+        ids = list(range(100, 100 + n))
+        if kind == "model":
+            answer = {
+                "text": "x" * n,
+                "output_ids": ids,
+                "meta_info": {
+                    "id": "r",
+                    "finish_reason": {"type": finish},
+                    "output_token_logprobs": [[-0.25, i, None] for i in ids],
+                    "weight_version": "1",
+                },
+            }
+            apply_generate_answer(sample, answer)
+            expected_mask += [1] * n
+        else:
+            append_env_tokens(sample, ids)
+            expected_mask += [0] * n
+        sample.validate()
+    assert (sample.loss_mask or []) == expected_mask
+    assert len(sample.tokens) == prompt_len + sample.response_length
+    assert [lp == 0.0 for lp in sample.rollout_log_probs or []] == [m == 0 for m in expected_mask]
