@@ -34,8 +34,7 @@ from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.retry import RetryPolicy
 from miles_lite.engine.router import RouterConfig
 from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.process import EngineProcess
+from miles_lite.testing import EngineProcess, StandInConfig
 
 ENGINES = 3
 

@@ -399,7 +399,7 @@ async def run_miles_peer(args: argparse.Namespace, url: str) -> list[Measure]:
     assembly run in another (``miles_peer/agent_load.py``), as in miles. The CPU figure
     adds both processes.
     """
-    from miles_lite.testing.tokenizers import qwen3_tokenizer_dir
+    from miles_lite.testing import qwen3_tokenizer_dir
 
     setup = [str(HERE / "miles_peer" / "setup.sh"), str(args.miles_venv)]
     await anyio.run_process(setup, stdout=None, stderr=None)
@@ -514,7 +514,7 @@ async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
 async def run_all(
     args: argparse.Namespace, zero_url: str, slow_url: str, slow_chat_url: str
 ) -> list[Measure]:
-    from miles_lite.testing.tokenizers import load_qwen3_tokenizer
+    from miles_lite.testing import load_qwen3_tokenizer
 
     tokenizer = await anyio.to_thread.run_sync(load_qwen3_tokenizer)
     # What a tuned trainer does after its imports: a full collection of the heap that

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
+from miles_lite.testing import load_qwen3_tokenizer
 from miles_lite.text.context import TextState
 from miles_lite.text.request import prompt_ids
 

@@ -57,8 +57,7 @@ from miles_lite.engine.retry import RetryPolicy
 from miles_lite.engine.router import RouterConfig
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPoolConfig
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.process import EngineProcessGroup
+from miles_lite.testing import EngineProcessGroup, StandInConfig
 
 MODES: dict[str, dict[str, Any]] = {
     "json-inline": {"wire": "json", "transport": "inline", "fetch_in_parser": False},
@@ -113,7 +112,7 @@ class Workload:
 
     def rollout_bytes(self) -> int:
         """Tensor bytes of one rollout (msgpack form), from the stand-in's own accounting."""
-        from miles_lite.testing.diffusion.request import RolloutRequest
+        from miles_lite.testing import RolloutRequest
 
         config = self.engine_config("msgpack")
         request = RolloutRequest.parse(
@@ -330,7 +329,7 @@ async def handoff(size_bytes: int, workers: int) -> dict[str, float]:
     import numpy as np
 
     from miles_lite.pools.parser_pool import ParserPool
-    from miles_lite.testing.diffusion.encode import encode_msgpack_body
+    from miles_lite.testing import encode_msgpack_body
 
     n = size_bytes // 4 // 8
     items = [{"t": [torch.randn(n) for _ in range(8)]}]

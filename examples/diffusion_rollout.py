@@ -12,8 +12,7 @@ from miles_lite import (
     Sample,
     run_sync,
 )
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.process import EngineProcessGroup
+from miles_lite.testing import EngineProcessGroup, StandInConfig
 
 
 def brightness(samples: list[Sample]) -> list[float]:

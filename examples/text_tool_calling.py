@@ -13,10 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy, TextRule
-from miles_lite.testing.text.tools import ADD_TOOLS
-from miles_lite.testing.tokenizers import load_qwen3_tokenizer
+from miles_lite.testing import (
+    ADD_TOOLS,
+    TextPolicy,
+    TextRule,
+    TextStandInConfig,
+    TextStandInEngine,
+    load_qwen3_tokenizer,
+)
 from miles_lite.text import multi_turn
 
 POLICY = TextPolicy(

@@ -160,8 +160,7 @@ def _function_flags(fn: Any, parser: argparse.ArgumentParser) -> dict[str, None]
 
 
 def _demo(args: argparse.Namespace, generate: Any, options: dict[str, Any]) -> RolloutResult:
-    from miles_lite.testing.diffusion.config import StandInConfig
-    from miles_lite.testing.process import EngineProcessGroup
+    from miles_lite.testing import EngineProcessGroup, StandInConfig
 
     engine = StandInConfig(
         wire=args.wire,

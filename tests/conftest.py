@@ -113,7 +113,7 @@ def _slow_steps_fail() -> Iterator[None]:
 def tokenizer() -> Any:
     """The real Qwen3 tokenizer and chat template (from a package on the index: nothing
     is downloaded), loaded once."""
-    from miles_lite.testing.tokenizers import load_qwen3_tokenizer
+    from miles_lite.testing import load_qwen3_tokenizer
 
     return load_qwen3_tokenizer()
 

@@ -19,6 +19,12 @@ from __future__ import annotations
 
 from miles_lite.testing.diffusion.body import synthetic_body
 from miles_lite.testing.diffusion.config import OPTIONAL_GROUPS, StandInConfig
+from miles_lite.testing.diffusion.encode import (
+    encode_json_body,
+    encode_msgpack_body,
+    encode_msgpack_pieces,
+    encode_tensor_map,
+)
 from miles_lite.testing.diffusion.engine import StandInEngine
 from miles_lite.testing.diffusion.faults import Faults
 from miles_lite.testing.diffusion.request import SDE_TYPES, InvalidRequestError, RolloutRequest
@@ -67,6 +73,10 @@ __all__ = [
     "TextStandInEngine",
     "TinyModelPolicy",
     "default_sglang_venv",
+    "encode_json_body",
+    "encode_msgpack_body",
+    "encode_msgpack_pieces",
+    "encode_tensor_map",
     "load_qwen3_tokenizer",
     "qwen3_tokenizer_dir",
     "shape_diff",

@@ -15,9 +15,7 @@ from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.router import Router, RouterConfig
 from miles_lite.sglang.sampling import TextSamplingParams
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy, TextRule
-from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextState
 
 from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop

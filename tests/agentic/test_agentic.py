@@ -16,8 +16,7 @@ from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.retry import RetryPolicy
 from miles_lite.errors import AgentError, ConfigError
 from miles_lite.rollout.contract import GenerateFnInput
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy
+from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextState
 from miles_lite.types import Sample, SampleStatus
 

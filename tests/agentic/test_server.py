@@ -14,8 +14,7 @@ import pytest
 from miles_lite.agentic.assembly import assemble_samples
 from miles_lite.agentic.server import SessionServerConfig
 from miles_lite.errors import ClosedResourceError, SessionError
-from miles_lite.testing.text.engine import TextStandInConfig
-from miles_lite.testing.text.policy import TextPolicy, token_logprob
+from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
 from miles_lite.types import Sample, SampleStatus
 
 from .conftest import TOOLS, Clients, OpenStack

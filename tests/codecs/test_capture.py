@@ -12,11 +12,7 @@ from safetensors.torch import load
 
 from miles_lite.codecs.body import decode_msgpack, iter_refs
 from miles_lite.codecs.tensors import decode_to_tensors, materialize
-from miles_lite.testing.diffusion.encode import (
-    encode_json_body,
-    encode_msgpack_body,
-    encode_msgpack_pieces,
-)
+from miles_lite.testing import encode_json_body, encode_msgpack_body, encode_msgpack_pieces
 from tests.codecs.wire import SAMPLE_KEYS, aligned_buffer, iter_tensors, same_tree
 
 CAPTURE = "rollout_generate_sample.msgpack"

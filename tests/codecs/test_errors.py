@@ -13,11 +13,7 @@ from miles_lite.codecs.body import decode_body, decode_json, decode_msgpack, wir
 from miles_lite.codecs.tensor_map import parse_safetensors
 from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.errors import CodecError, MilesLiteError
-from miles_lite.testing.diffusion.encode import (
-    encode_json_body,
-    encode_msgpack_body,
-    encode_tensor_map,
-)
+from miles_lite.testing import encode_json_body, encode_msgpack_body, encode_tensor_map
 from tests.codecs.wire import (
     f32_map,
     json_body,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from miles_lite.codecs.body import decode_msgpack
 from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.errors import CodecError
-from miles_lite.testing.diffusion.encode import encode_json_body, encode_msgpack_body
+from miles_lite.testing import encode_json_body, encode_msgpack_body
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"

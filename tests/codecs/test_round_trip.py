@@ -12,7 +12,7 @@ from safetensors.torch import load
 
 from miles_lite.codecs.body import ALIGNMENT, decode_json, decode_msgpack, iter_refs
 from miles_lite.codecs.tensors import decode_to_tensors, materialize
-from miles_lite.testing.diffusion.encode import (
+from miles_lite.testing import (
     encode_json_body,
     encode_msgpack_body,
     encode_msgpack_pieces,

@@ -13,7 +13,7 @@ import torch
 from miles_lite.codecs.body import decode_json, decode_msgpack, iter_refs
 from miles_lite.codecs.tensor_map import TensorRef
 from miles_lite.codecs.tensors import decode_to_tensors, materialize
-from miles_lite.testing.diffusion.encode import encode_json_body, encode_msgpack_body
+from miles_lite.testing import encode_json_body, encode_msgpack_body
 from tests.codecs.wire import aligned_buffer, same_tree
 
 MSGPACK = "application/msgpack"

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
+from miles_lite.testing import SGLangServer, SGLangServerConfig, default_sglang_venv
 from tests.conftest import separate_tier
 
 HERE = Path(__file__).resolve().parent

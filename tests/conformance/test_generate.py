@@ -17,7 +17,7 @@ import pytest
 from miles_lite.engine.client import EngineClient
 from miles_lite.errors import EngineStatusError, SamplingParamsError
 from miles_lite.sglang.sampling import SAMPLING_KEYS
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing import TextStandInConfig, TextStandInEngine
 from miles_lite.text.request import build_generate_payload
 from miles_lite.types import Sample
 

@@ -7,8 +7,7 @@ import pytest
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from miles_lite.pools.reward_pool import RewardPool
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing import StandInConfig, StandInEngine
 from tests.diffusion import rewards
 
 

@@ -27,10 +27,7 @@ from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingP
 from miles_lite.rollout.contract import GenerateFnInput, load_function
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.rollout.result import RolloutResult
-from miles_lite.testing.diffusion.body import synthetic_body
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.engine import StandInEngine
-from miles_lite.testing.diffusion.trajectories import synthetic_sample
+from miles_lite.testing import StandInConfig, StandInEngine, synthetic_body, synthetic_sample
 from miles_lite.types import Sample, SampleStatus
 from tests.garbage import collect_garbage
 
@@ -291,7 +288,7 @@ async def test_an_unknown_dtype_is_a_codec_error_naming_the_field(
     import msgpack
     from aiohttp import web
 
-    from miles_lite.testing.diffusion.encode import encode_tensor_map
+    from miles_lite.testing import encode_tensor_map
     from tests.pools.bodies import items
 
     sample = items(1, n=1)[0]

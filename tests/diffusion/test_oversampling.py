@@ -21,8 +21,7 @@ from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.pools.reward_pool import RewardPool
 from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.rollout.filters import FilterResult
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing import StandInConfig, StandInEngine
 from miles_lite.types import Sample, SampleStatus
 from tests.garbage import collect_garbage
 

@@ -14,8 +14,7 @@ from miles_lite.engine.retry import RetryPolicy
 from miles_lite.engine.router import Router, RouterConfig
 from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing import StandInConfig, StandInEngine
 from miles_lite.types import SampleStatus
 
 pytestmark = pytest.mark.anyio

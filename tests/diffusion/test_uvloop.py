@@ -10,7 +10,7 @@ from miles_lite import (
     DiffusionSamplingParams,
     SampleStatus,
 )
-from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing import StandInEngine
 
 
 @pytest.fixture(scope="module")

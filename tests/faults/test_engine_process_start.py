@@ -7,8 +7,7 @@ import socket
 import pytest
 
 from miles_lite.errors import EngineUnavailableError
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.process import EngineProcess
+from miles_lite.testing import EngineProcess, StandInConfig
 
 
 def test_stop_after_a_failed_start_raises_nothing_and_the_start_error_stays() -> None:

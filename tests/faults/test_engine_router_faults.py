@@ -15,8 +15,7 @@ from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.retry import RetryPolicy
 from miles_lite.engine.router import Router, RouterConfig
 from miles_lite.errors import EngineError, EngineUnavailableError
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing import StandInConfig, StandInEngine
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
 
 pytestmark = pytest.mark.anyio

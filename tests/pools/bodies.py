@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from miles_lite.testing.diffusion.encode import encode_json_body, encode_msgpack_body
+from miles_lite.testing import encode_json_body, encode_msgpack_body
 
 
 def items(seed: int, n: int = 2, size: int = 256) -> list[dict[str, Any]]:

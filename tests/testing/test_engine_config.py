@@ -5,8 +5,7 @@ import dataclasses
 import pytest
 
 from miles_lite.errors import ConfigError
-from miles_lite.testing.diffusion.config import OPTIONAL_GROUPS, StandInConfig
-from miles_lite.testing.diffusion.faults import Faults
+from miles_lite.testing import OPTIONAL_GROUPS, Faults, StandInConfig
 
 
 def test_defaults_are_valid_and_speak_msgpack() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.errors import CodecError
-from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing import StandInEngine
 from tests.testing.replies import Reply, get, post
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,7 @@ import anyio.to_thread
 import pytest
 
 from miles_lite.errors import ClosedResourceError, ConfigError
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.process import EngineProcess, EngineProcessGroup
+from miles_lite.testing import EngineProcess, EngineProcessGroup, StandInConfig
 from tests.testing.replies import get, post
 
 

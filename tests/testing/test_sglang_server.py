@@ -17,7 +17,7 @@ from miles_lite.errors import (
     EngineTimeoutError,
     EngineUnavailableError,
 )
-from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig
+from miles_lite.testing import SGLangServer, SGLangServerConfig
 
 
 def fake_venv(tmp_path: Path, script: str) -> Path:

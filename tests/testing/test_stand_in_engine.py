@@ -14,10 +14,7 @@ import torch
 from miles_lite.codecs.tensor_map import parse_safetensors
 from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.errors import ClosedResourceError
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.engine import StandInEngine
-from miles_lite.testing.diffusion.stats import EngineStats
-from miles_lite.testing.diffusion.trajectories import synthetic_sample
+from miles_lite.testing import EngineStats, StandInConfig, StandInEngine, synthetic_sample
 from tests.testing.replies import get, post, post_raw
 
 pytestmark = pytest.mark.anyio

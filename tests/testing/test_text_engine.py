@@ -11,9 +11,15 @@ import aiohttp
 import anyio
 import pytest
 
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
-from miles_lite.testing.text.shapes import shape_diff, wire_shape
+from miles_lite.testing import (
+    TextPolicy,
+    TextRule,
+    TextStandInConfig,
+    TextStandInEngine,
+    shape_diff,
+    token_logprob,
+    wire_shape,
+)
 
 pytestmark = pytest.mark.anyio
 

@@ -13,9 +13,14 @@ import anyio.to_thread
 import openai
 import pytest
 
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
-from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.testing import (
+    ADD_TOOLS,
+    TextPolicy,
+    TextRule,
+    TextStandInConfig,
+    TextStandInEngine,
+    token_logprob,
+)
 
 from .test_text_engine import assert_shape, capture, post, wait_until
 

@@ -12,9 +12,14 @@ import anyio
 import pytest
 
 from miles_lite.errors import ConfigError
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
-from miles_lite.testing.text.process import TextEngineProcess
+from miles_lite.testing import (
+    TextEngineProcess,
+    TextPolicy,
+    TextRule,
+    TextStandInConfig,
+    TextStandInEngine,
+    token_logprob,
+)
 
 from .test_text_engine import assert_shape, post, post_get, wait_until
 

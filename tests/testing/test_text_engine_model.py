@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from miles_lite.errors import ConfigError
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.model import TinyModelPolicy
+from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
 
 from .test_text_engine import post
 

@@ -7,11 +7,16 @@ import pytest
 import torch
 
 from miles_lite.codecs.tensors import decode_to_tensors
-from miles_lite.testing.diffusion.body import synthetic_body
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.encode import encode_json_body, encode_msgpack_body
-from miles_lite.testing.diffusion.request import InvalidRequestError, RolloutRequest
-from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_sample
+from miles_lite.testing import (
+    InvalidRequestError,
+    RolloutRequest,
+    StandInConfig,
+    encode_json_body,
+    encode_msgpack_body,
+    sigma_schedule,
+    synthetic_body,
+    synthetic_sample,
+)
 
 REQUEST: dict[str, Any] = {
     "prompt": "a cat",

@@ -15,8 +15,7 @@ from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.retry import RetryPolicy
 from miles_lite.engine.router import Router, RouterConfig
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy, TextRule
+from miles_lite.testing import TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextState
 
 #: What the scripted model answers: tool calls for arithmetic, a boxed answer otherwise.

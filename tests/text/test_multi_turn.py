@@ -10,9 +10,7 @@ import pytest
 
 from miles_lite import SampleStatus
 from miles_lite.errors import ConfigError, ToolError
-from miles_lite.testing.text.engine import TextStandInConfig
-from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
-from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, token_logprob
 from miles_lite.text import multi_turn
 from miles_lite.text.multi_turn import MultiTurnOptions
 from miles_lite.text.request import check_text_sample

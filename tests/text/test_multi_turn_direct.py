@@ -9,7 +9,7 @@ import pytest
 
 from miles_lite.errors import ConfigError, ToolError
 from miles_lite.rollout.contract import GenerateFnInput
-from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.testing import ADD_TOOLS
 from miles_lite.text import multi_turn
 from miles_lite.text.context import TextState
 from miles_lite.text.multi_turn import MultiTurnOptions

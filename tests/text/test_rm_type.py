@@ -12,8 +12,7 @@ from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.retry import RetryPolicy
 from miles_lite.rewards.text_rewards import dapo_reward, math_reward
 from miles_lite.rollout.groups import PromptGroup
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
-from miles_lite.testing.text.policy import TextPolicy
+from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from tests.text.conftest import RULES
 
 pytestmark = pytest.mark.anyio

@@ -8,8 +8,7 @@ import pytest
 
 from miles_lite.errors import EngineStatusError, GenerateError, SamplingParamsError
 from miles_lite.rollout.contract import GenerateFnInput
-from miles_lite.testing.text.engine import TextStandInConfig
-from miles_lite.testing.text.policy import TextPolicy
+from miles_lite.testing import TextPolicy, TextStandInConfig
 from miles_lite.text import benchmark, single_turn
 from miles_lite.types import Sample, SampleStatus
 from tests.text.conftest import OpenState
@@ -217,7 +216,7 @@ async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer:
     from miles_lite.engine.config import EngineClientConfig
     from miles_lite.engine.retry import RetryPolicy
     from miles_lite.engine.router import Router
-    from miles_lite.testing.text.engine import TextStandInEngine
+    from miles_lite.testing import TextStandInEngine
     from miles_lite.text.context import TextState
     from tests.text.conftest import RULES
 

@@ -12,8 +12,7 @@ from miles_lite.agentic.server import SessionServerConfig
 from miles_lite.errors import EngineStatusError, SamplingParamsError
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.rollout.filters import drop_zero_std
-from miles_lite.testing.text.engine import TextStandInConfig
-from miles_lite.testing.text.policy import TextPolicy, token_logprob
+from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
 from miles_lite.text.request import check_text_sample
 from tests.agentic import agents_plain
 from tests.text.conftest import RULES, OpenRollout
