@@ -30,9 +30,7 @@ import anyio.to_thread
 import psutil
 
 from miles_lite.diffusion.rollout import DiffusionRollout
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
 from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.testing import EngineProcess, StandInConfig
 
@@ -130,7 +128,11 @@ async def soak(rollouts: int, prompts: int, seed: int) -> dict[str, Any]:
         retry=RetryPolicy(max_attempts=4, backoff_initial_s=0.05, backoff_max_s=0.5),
     )
     router_config = RouterConfig(
-        health_interval_s=0.2, failure_threshold=2, wait_timeout_s=10.0, readmit_cooldown_s=0.5
+        max_inflight_per_engine=4,
+        health_interval_s=0.2,
+        failure_threshold=2,
+        wait_timeout_s=10.0,
+        readmit_cooldown_s=0.5,
     )
     rows: list[dict[str, Any]] = []
     worker_kills = 0

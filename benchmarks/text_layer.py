@@ -61,9 +61,8 @@ from text_mock import MockProcess, output_ids, output_log_prob
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.text import single_turn
 from miles_lite.text.context import TextState

@@ -52,9 +52,7 @@ from miles_lite import (
     Sample,
     run_sync,
 )
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPoolConfig
 from miles_lite.testing import EngineProcessGroup, StandInConfig

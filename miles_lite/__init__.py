@@ -6,9 +6,8 @@ from miles_lite.agentic.server import SessionServer, SessionServerConfig
 from miles_lite.diffusion.generate import generate_diffusion
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.errors import (
     AgentError,
     ArenaError,

@@ -19,7 +19,7 @@ from typing import Any
 from miles_lite._core.run_sync import run_sync
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.router import RouterConfig
+from miles_lite.engine.config import RouterConfig
 from miles_lite.errors import ConfigError, EngineUnavailableError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPoolConfig

@@ -5,7 +5,7 @@
     MilesLiteError
     ├── ConfigError (also ValueError)        bad configuration value
     │   └── SamplingParamsError              a sampling key SGLang would refuse
-    ├── ClosedResourceError                  use of a pool/client/arena after aclose()
+    ├── ClosedResourceError (also anyio's)   use of a pool/client/arena outside its open state
     ├── EngineError                          talking to an inference engine
     │   ├── EngineUnavailableError           refused (retryable) / reset after sending
     │   ├── EngineTimeoutError               connect timeout (retryable) / no answer
@@ -28,12 +28,16 @@
     └── SessionError                         a chat session is unknown or closed
 
 Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
-them in their message. ``retryable`` is a class attribute the retry policy reads; an
-instance may override it (``EngineStatusError`` does, from its status code).
+them in their message. ``retryable`` is what the retry policy reads: ``False`` unless the
+transport knows that nothing reached the engine (the one translator in
+``miles_lite.engine`` sets it on the instance), or the engine answered 502/503/504
+(``EngineStatusError``, from its status code). A generation is never sent twice.
 Cancellation is never caught, wrapped or logged.
 """
 
 from __future__ import annotations
+
+import anyio
 
 __all__ = [
     "AgentError",
@@ -129,8 +133,9 @@ class SamplingParamsError(ConfigError):
     """
 
 
-class ClosedResourceError(MilesLiteError):
-    """Raised when a pool, client or arena is used after ``aclose()``."""
+class ClosedResourceError(MilesLiteError, anyio.ClosedResourceError):
+    """Raised when a pool, client, router, server or arena is used before it is opened or
+    after ``aclose()``; also an ``anyio.ClosedResourceError``."""
 
 
 class EngineError(MilesLiteError):
@@ -138,13 +143,12 @@ class EngineError(MilesLiteError):
 
 
 class EngineUnavailableError(EngineError):
-    """Raised when the engine cannot be reached or drops the connection.
+    """Raised when the engine cannot be reached or drops the connection, or no engine is
+    healthy within the router's wait.
 
     Retryable only when the request never reached the engine (refused, DNS, no route):
     a reset after the request went out is not retried, so that no generation runs twice.
     """
-
-    retryable = True
 
 
 class EngineTimeoutError(EngineError):
@@ -153,8 +157,6 @@ class EngineTimeoutError(EngineError):
     Retryable only for a connect timeout: once the request went out, the engine may be
     generating, and a retry would run the generation twice.
     """
-
-    retryable = True
 
 
 class EngineStatusError(EngineError):

@@ -14,13 +14,13 @@ from typing import Any
 
 from miles_lite.codecs.body import wire_form
 from miles_lite.codecs.tensors import decode_to_tensors
+from miles_lite.engine.blocking import BlockingRequest
 from miles_lite.engine.client import EngineClient
 from miles_lite.engine.response import BodyBuffer, RawResponse, allocate_fresh
 from miles_lite.engine.router import Router
 from miles_lite.errors import ArenaFullError, CodecError, EngineProtocolError
 from miles_lite.pools.arena import Arena, Lease
 from miles_lite.pools.parser_pool import ParserPool
-from miles_lite.pools.parser_worker import FetchRequest
 from miles_lite.rollout.config import DiffusionRolloutConfig
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.rollout.spans import UnitSpan
@@ -82,17 +82,8 @@ async def generate_diffusion(input: GenerateFnInput) -> list[Sample]:
         async def fetch_from(url: str) -> Any:
             span.engine = url
             span.requests += 1
-            request = FetchRequest(
-                url=url,
-                path=PATH,
-                payload=payload,
-                request_id=rid,
-                timeout_s=limits.total_timeout_s,
-                read_timeout_s=limits.read_timeout_s,
-                max_body_bytes=limits.max_body_bytes,
-                expected_items=len(samples),
-            )
-            return await parser.fetch(request)
+            request = BlockingRequest.from_config(limits, url, PATH, payload, request_id=rid)
+            return await parser.fetch(request, expected_items=len(samples))
 
         # A retry (never of a request the engine received) asks the router for another engine.
         parsed = await state.router.call(fetch_from)

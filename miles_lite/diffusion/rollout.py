@@ -18,8 +18,8 @@ from typing import Any
 
 from miles_lite.diffusion.generate import DiffusionState, generate_diffusion
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from miles_lite.pools.reward_pool import RewardPoolLike
@@ -109,7 +109,7 @@ class DiffusionRollout(RolloutBase):
         :class:`ApiRewardPool`), or a ready pool. Other keywords go to the constructor.
         """
         config = config or DiffusionRolloutConfig()
-        router_config = router_config or RouterConfig()
+        router_config = router_config or RouterConfig(max_inflight_per_engine=4)
         async with AsyncExitStack() as stack:
             client = await stack.enter_async_context(EngineClient(client_config))
             router = await stack.enter_async_context(Router(engine_urls, client, router_config))

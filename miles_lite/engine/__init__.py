@@ -1,16 +1,22 @@
-"""The engine layer: an aiohttp client of SGLang engines, its retry policy, and the router.
+"""The engine layer: every byte to and from an engine.
+
+A transport seam (:class:`AsyncTransport`: aiohttp, or :class:`MockTransport` in unit
+tests; the worker-side exchange of ``fetch_in_parser`` in :mod:`miles_lite.engine.blocking`),
+one translation of transport failures into typed errors, the client, the router (the one
+retry loop: only what never reached an engine, or a 502/503/504, is sent again) and the
+one sender of aborts.
 
 Usage::
 
     async with EngineClient(EngineClientConfig()) as client:
-        async with Router(urls, client, RouterConfig()) as router:
-            async with router.lease() as url:
-                raw = await client.post(url, "/rollout/generate", payload, request_id=rid)
+        async with Router(urls, client, RouterConfig(max_inflight_per_engine=64)) as router:
+            raw = await router.post("/generate", payload, request_id=rid)
 """
 
-from miles_lite.engine.client import EngineClient, EngineClientStats
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.control import AbortReport, EngineAbort, abort_requests, busy_requests
+from miles_lite.engine.balancer import EngineState
+from miles_lite.engine.client import EngineClient, EngineClientStatistics
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.control import AbortReport, EngineAbort, abort_request, abort_requests
 from miles_lite.engine.response import (
     BodyAllocator,
     BodyBuffer,
@@ -18,26 +24,37 @@ from miles_lite.engine.response import (
     RawResponse,
     allocate_fresh,
 )
-from miles_lite.engine.retry import RetryPolicy, retry_call
-from miles_lite.engine.router import EngineState, Router, RouterConfig, RouterStats
+from miles_lite.engine.router import Router, RouterStatistics
+from miles_lite.engine.transport import (
+    AiohttpTransport,
+    AsyncTransport,
+    MockFailure,
+    MockResponse,
+    MockTransport,
+)
 
 __all__ = [
     "AbortReport",
+    "AiohttpTransport",
+    "AsyncTransport",
     "BodyAllocator",
     "BodyBuffer",
     "EngineAbort",
     "EngineClient",
     "EngineClientConfig",
-    "EngineClientStats",
+    "EngineClientStatistics",
+    "EngineConfig",
     "EngineState",
     "FreshBuffer",
+    "MockFailure",
+    "MockResponse",
+    "MockTransport",
     "RawResponse",
     "RetryPolicy",
     "Router",
     "RouterConfig",
-    "RouterStats",
+    "RouterStatistics",
+    "abort_request",
     "abort_requests",
     "allocate_fresh",
-    "busy_requests",
-    "retry_call",
 ]

@@ -1,23 +1,22 @@
-"""Reading a response body from aiohttp's stream into a buffer, piece by piece.
+"""Reading a response body from a transport's stream into a buffer, piece by piece.
 
-Each ``read(n)`` returns at most ``n`` bytes already buffered by aiohttp (at most about
-two read buffers, since aiohttp pauses the socket above that), so the loop never copies
-more than a few MiB between two suspension points and never joins a whole body.
+Each ``read(n)`` returns at most ``n`` bytes already received (aiohttp pauses the socket
+above about two read buffers), so the loop never copies more than a few MiB between two
+suspension points and never joins a whole body.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from miles_lite.engine._errors import Progress
-from miles_lite.errors import ArenaError, BodyTooLargeError
+from miles_lite.errors import ArenaError, BodyTooLargeError, EngineProtocolError
 
 if TYPE_CHECKING:
     from miles_lite.engine.response import BodyBuffer
+    from miles_lite.engine.transport import ResponseStream
 
-__all__ = ["fill_view", "read_all_chunks", "read_excerpt", "writable_bytes"]
+__all__ = ["EXCERPT_BYTES", "fill_view", "read_all_chunks", "read_excerpt", "writable_bytes"]
 
 #: Bytes of a non-2xx answer kept in EngineStatusError.body_excerpt.
 EXCERPT_BYTES = 512
@@ -51,18 +50,18 @@ def writable_bytes(
 
 
 async def fill_view(
-    content: aiohttp.StreamReader, view: memoryview, chunk_bytes: int, progress: Progress
+    stream: ResponseStream, view: memoryview, chunk_bytes: int, progress: Progress
 ) -> None:
-    """Copy the stream into ``view`` until it is full or the stream ends.
+    """Copy the body into ``view`` until it is full or the body ends.
 
-    ``progress.received`` follows every chunk. Stops early (without error) at end of
-    stream; the caller compares ``progress.received`` with ``len(view)``. aiohttp's errors
-    propagate untranslated.
+    ``progress.received`` follows every chunk. Stops early (without error) at the end of
+    the body; the caller compares ``progress.received`` with ``len(view)``. The stream's
+    (translated) errors propagate.
     """
     nbytes = len(view)
     pos = 0
     while pos < nbytes:
-        chunk = await content.read(min(chunk_bytes, nbytes - pos))
+        chunk = await stream.read(min(chunk_bytes, nbytes - pos))
         if not chunk:
             return
         end = pos + len(chunk)
@@ -72,7 +71,7 @@ async def fill_view(
 
 
 async def read_all_chunks(
-    content: aiohttp.StreamReader,
+    stream: ResponseStream,
     chunk_bytes: int,
     limit: int,
     progress: Progress,
@@ -80,10 +79,10 @@ async def read_all_chunks(
     url: str | None,
     request_id: str | None,
 ) -> list[bytes]:
-    """The stream's pieces until its end, unjoined; ``BodyTooLargeError`` past ``limit`` bytes."""
+    """The body's pieces until its end, unjoined; ``BodyTooLargeError`` past ``limit`` bytes."""
     chunks: list[bytes] = []
     while True:
-        chunk = await content.read(chunk_bytes)
+        chunk = await stream.read(chunk_bytes)
         if not chunk:
             return chunks
         progress.received += len(chunk)
@@ -97,16 +96,16 @@ async def read_all_chunks(
         chunks.append(chunk)
 
 
-async def read_excerpt(content: aiohttp.StreamReader, progress: Progress) -> str:
-    """The first EXCERPT_BYTES of the stream, decoded leniently (for error messages).
+async def read_excerpt(stream: ResponseStream, progress: Progress) -> str:
+    """The first EXCERPT_BYTES of the body, decoded leniently (for error messages).
 
     A body cut short ends the excerpt early rather than hiding the status behind it.
     """
     got = bytearray()
     while len(got) < EXCERPT_BYTES:
         try:
-            chunk = await content.read(EXCERPT_BYTES - len(got))
-        except aiohttp.ClientPayloadError:
+            chunk = await stream.read(EXCERPT_BYTES - len(got))
+        except EngineProtocolError:
             break
         if not chunk:
             break

@@ -1,124 +1,141 @@
-"""Where aiohttp's exceptions become miles_lite's: the one translation point of the client.
+"""The one translator of transport failures into miles_lite's errors.
 
-Only aiohttp's own exception types are caught, so cancellation and the errors of a body
-allocator pass through untouched.
+Every transport (aiohttp on the loop, ``http.client`` in a parser worker, the mock) first
+says *what happened* as a :class:`Failure`, from its own library's exceptions, and then
+:func:`engine_error` builds the typed error. Only this module sets ``retryable``, and only
+for failures where the request is known never to have reached the engine (refused,
+DNS, connect timeout, a body that could not be written): a generation is never sent twice.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
+import enum
+from dataclasses import dataclass, field
 
 from miles_lite.errors import (
     ConfigError,
     EngineProtocolError,
     EngineTimeoutError,
     EngineUnavailableError,
+    MilesLiteError,
 )
 
-__all__ = ["Attempt", "Progress", "translated", "truncated_message"]
+__all__ = [
+    "NEVER_SENT",
+    "Attempt",
+    "Failure",
+    "Progress",
+    "Timeouts",
+    "engine_error",
+    "truncated_message",
+]
 
 
+class Failure(enum.Enum):
+    """What went wrong in one HTTP exchange, whatever the transport."""
+
+    #: Refused, DNS, no route: nothing reached the engine.
+    UNREACHABLE = "unreachable"
+    #: Connecting took too long: nothing reached the engine.
+    CONNECT_TIMEOUT = "connect_timeout"
+    #: The request could not be written whole (a pooled connection the engine had
+    #: closed): the engine never got a whole request.
+    NOT_SENT = "not_sent"
+    #: The connection dropped after the request went out: the engine may be generating.
+    DROPPED = "dropped"
+    #: No data for the read timeout after the request went out.
+    READ_TIMEOUT = "read_timeout"
+    #: The whole exchange ran past the total timeout.
+    TOTAL_TIMEOUT = "total_timeout"
+    #: The body ended before its Content-Length.
+    TRUNCATED = "truncated"
+    #: The answer breaks HTTP itself (a bad status line, bad chunking).
+    MALFORMED = "malformed"
+    #: The URL cannot be used (no scheme, no host).
+    INVALID_URL = "invalid_url"
+
+
+#: Failures where nothing reached the engine: the only ones that may be sent again.
+NEVER_SENT = frozenset({Failure.UNREACHABLE, Failure.CONNECT_TIMEOUT, Failure.NOT_SENT})
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """The bounds of one exchange, in seconds: connecting, each read, the whole of it."""
+
+    connect_s: float | None
+    read_s: float | None
+    total_s: float | None
+
+
+@dataclass(slots=True)
 class Progress:
-    """How far an attempt got: what the error translation reports (truncated bodies)."""
+    """How far an exchange got: body bytes expected (Content-Length) and received."""
 
-    __slots__ = ("expected", "received")
-
-    def __init__(self) -> None:
-        self.expected: int | None = None
-        self.received = 0
+    expected: int | None = None
+    received: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One HTTP exchange in progress: what its errors name (method, URL, path, rid, timeouts)."""
+    """One HTTP exchange, as its errors name it."""
 
     method: str
     url: str
     path: str
     request_id: str | None
-    timeout: aiohttp.ClientTimeout
-    progress: Progress
+    timeouts: Timeouts
+    progress: Progress = field(default_factory=Progress)
 
 
-@contextmanager
-def translated(where: Attempt) -> Iterator[None]:
-    """The one place where aiohttp's exceptions become miles_lite's (``raise ... from exc``).
-
-    Only aiohttp's own exception types are caught, so cancellation and the allocator's
-    errors pass through untouched.
-    """
-    ctx: dict[str, Any] = {"url": where.url, "request_id": where.request_id}
-    try:
-        yield
-    # aiohttp's timeouts (ServerTimeoutError and its connect/read kinds) subclass
-    # asyncio.TimeoutError; they must be matched before ClientConnectionError.
-    except asyncio.TimeoutError as exc:
-        timeout = EngineTimeoutError(_timeout_message(where, exc), **ctx)
-        # Only a connect timeout is known to have sent nothing: never re-send a generation.
-        timeout.retryable = isinstance(exc, aiohttp.ConnectionTimeoutError)
-        raise timeout from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise EngineProtocolError(f"{truncated_message(where)} ({exc})", **ctx) from exc
-    except aiohttp.InvalidURL as exc:
-        raise ConfigError(
-            f"invalid engine URL {where.url!r} (path {where.path!r}): {exc}", **ctx
-        ) from exc
-    except aiohttp.ClientConnectorError as exc:
-        # Refused, DNS, no route: the request never left, so it may be sent again.
-        raise EngineUnavailableError(
-            f"cannot reach the engine for {where.method} {where.path}:"
-            f" {type(exc).__name__}: {exc}; is it running and listening there?",
-            **ctx,
-        ) from exc
-    except aiohttp.ClientConnectionError as exc:
-        if _body_not_written(exc):
-            # The request body could not be written (typically a pooled keep-alive
-            # connection to an engine that has since died): the engine never got a whole
-            # request, so it cannot be generating it; sending it again is safe.
-            raise EngineUnavailableError(
-                f"the engine closed the connection before {where.method} {where.path} was"
-                f" fully sent: {type(exc).__name__}: {exc}; it may be down",
-                **ctx,
-            ) from exc
-        dropped = EngineUnavailableError(
-            f"the engine dropped the connection during {where.method} {where.path}"
-            f" after the request was sent: {type(exc).__name__}: {exc};"
-            " not retried (the engine may have started generating)",
-            **ctx,
-        )
-        dropped.retryable = False
-        raise dropped from exc
-    except aiohttp.ClientError as exc:
-        raise EngineProtocolError(
-            f"malformed answer to {where.method} {where.path}: {type(exc).__name__}: {exc}", **ctx
-        ) from exc
-
-
-def _body_not_written(exc: aiohttp.ClientConnectionError) -> bool:
-    # aiohttp (3.9 to 3.14) raises this ClientOSError, and only this one, when writing the
-    # request body fails; matched by its text because it has no type of its own.
-    return isinstance(exc, aiohttp.ClientOSError) and str(exc.strerror or "").startswith(
-        "Can not write request body"
-    )
-
-
-def _timeout_message(where: Attempt, exc: BaseException) -> str:
-    timeout = where.timeout
+def engine_error(failure: Failure, where: Attempt, detail: str) -> MilesLiteError:
+    """The typed error for ``failure`` in the exchange ``where``; ``detail`` says what the
+    transport saw (its exception, in a few words). Retryable only when nothing was sent."""
     what = f"{where.method} {where.path}"
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return f"connecting for {what} took over {timeout.sock_connect} s (connect_timeout_s)"
-    if isinstance(exc, aiohttp.SocketTimeoutError):
-        return (
-            f"no data for {timeout.sock_read} s during {what} after {where.progress.received}"
-            " body bytes (read_timeout_s); raise it if generations are slower"
+    ctx = {"url": where.url, "request_id": where.request_id}
+    timeouts = where.timeouts
+    error: MilesLiteError
+    if failure is Failure.UNREACHABLE:
+        error = EngineUnavailableError(
+            f"cannot reach the engine for {what}: {detail}; is it running and listening there?",
+            **ctx,
         )
-    return f"{what} did not complete within {timeout.total} s (total timeout)"
+    elif failure is Failure.CONNECT_TIMEOUT:
+        error = EngineTimeoutError(
+            f"connecting for {what} took over {timeouts.connect_s} s (connect_timeout_s)", **ctx
+        )
+    elif failure is Failure.NOT_SENT:
+        error = EngineUnavailableError(
+            f"the engine closed the connection before {what} was fully sent: {detail};"
+            " it may be down",
+            **ctx,
+        )
+    elif failure is Failure.DROPPED:
+        error = EngineUnavailableError(
+            f"the engine dropped the connection during {what} after the request was sent:"
+            f" {detail}; not retried (the engine may have started generating)",
+            **ctx,
+        )
+    elif failure is Failure.READ_TIMEOUT:
+        error = EngineTimeoutError(
+            f"no data for {timeouts.read_s} s during {what} after {where.progress.received}"
+            " body bytes (read_timeout_s); raise it if generations are slower",
+            **ctx,
+        )
+    elif failure is Failure.TOTAL_TIMEOUT:
+        error = EngineTimeoutError(
+            f"{what} did not complete within {timeouts.total_s} s (total timeout)", **ctx
+        )
+    elif failure is Failure.TRUNCATED:
+        error = EngineProtocolError(f"{truncated_message(where)} ({detail})", **ctx)
+    elif failure is Failure.MALFORMED:
+        error = EngineProtocolError(f"malformed answer to {what}: {detail}", **ctx)
+    else:
+        error = ConfigError(
+            f"invalid engine URL {where.url!r} (path {where.path!r}): {detail}", **ctx
+        )
+    error.retryable = failure in NEVER_SENT
+    return error
 
 
 def truncated_message(where: Attempt) -> str:

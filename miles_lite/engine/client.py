@@ -1,52 +1,45 @@
-"""The HTTP client of the inference engines: one aiohttp session, bounded, typed errors, retries.
+"""The HTTP client of the inference engines: bounded, typed errors, retries, bodies into caller memory.
 
 Bodies are read chunk by chunk into a buffer given by a :class:`BodyAllocator`, never joined
 on the event loop (aiohttp's ``read()`` of a 512 MB body stalls the loop for 0.3-0.4 s).
-aiohttp's exceptions become miles_lite's in exactly one place, ``_aiohttp_errors.translated``.
+Bytes go through an :class:`~miles_lite.engine.transport.AsyncTransport` (aiohttp by
+default; :class:`~miles_lite.engine.transport.MockTransport` in unit tests), whose
+failures are translated in one place (:mod:`miles_lite.engine._errors`).
 """
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
-import aiohttp
 import anyio
 import anyio.to_thread
 
 from miles_lite._core import json as _json
+from miles_lite._core.resources import AsyncResource
+from miles_lite._core.validate import check_seconds
 from miles_lite.engine._body import fill_view, read_all_chunks, read_excerpt, writable_bytes
-from miles_lite.engine._errors import Attempt, Progress, translated, truncated_message
+from miles_lite.engine._errors import Attempt, Failure, Progress, Timeouts, engine_error
+from miles_lite.engine._retry import retry_call
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_fresh
-from miles_lite.engine.retry import RetryPolicy, retry_call
+from miles_lite.engine.transport import AiohttpTransport, AsyncTransport, Request
 from miles_lite.errors import (
     BodyTooLargeError,
-    ClosedResourceError,
-    ConfigError,
     EngineError,
     EngineProtocolError,
     EngineStatusError,
 )
 
-__all__ = ["EngineClient", "EngineClientStats"]
+__all__ = ["EngineClient", "EngineClientStatistics"]
 
-#: Longest time aclose() waits for the session's connections to close, in seconds.
-_CLOSE_TIMEOUT_S = 5.0
 #: Bodies without Content-Length up to this size are copied on the loop, larger in a thread.
 _INLINE_BYTES = 1 << 20
-_NO_RETRY = RetryPolicy(max_attempts=1)
-# identity: Content-Length must be the body's size, and compressed bodies would need a
-# decompression pass on the loop.
-_GET_HEADERS = {"Accept-Encoding": "identity"}
-_JSON_HEADERS = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
 
 
 @dataclass(frozen=True, slots=True)
-class EngineClientStats:
+class EngineClientStatistics:
     """Counters of an :class:`EngineClient` since it was made (a snapshot).
 
     ``requests``: calls made (post, get_json, post_json, health); ``attempts``: HTTP
@@ -62,19 +55,21 @@ class EngineClientStats:
     bytes_received: int = 0
 
 
-class EngineClient:
-    """Talks HTTP to SGLang engines through one aiohttp session with bounded resources.
+class EngineClient(AsyncResource):
+    """Talks HTTP to SGLang engines through one transport with bounded resources.
 
-    An async context manager; :meth:`aclose` closes it, after which every call raises
-    :class:`~miles_lite.errors.ClosedResourceError`. The session is made on first use (or on
-    entering), inside the running event loop; use one client within one event loop. Any
-    number of tasks may share it; connections are pooled (``max_connections``,
-    ``max_connections_per_host``).
+    An async resource: ``async with EngineClient(config) as client`` opens it (the
+    aiohttp session is made inside the running loop); after :meth:`aclose` (or outside
+    the block) every call raises :class:`~miles_lite.errors.ClosedResourceError`. Use one
+    client within one event loop; any number of tasks may share it; connections are
+    pooled (``max_connections``, ``max_connections_per_host``). ``transport`` replaces the
+    aiohttp one (a :class:`~miles_lite.engine.transport.MockTransport` in unit tests).
 
     Errors are typed and carry the engine ``url`` and the ``request_id``:
     ``EngineUnavailableError`` (refused, reset, disconnected), ``EngineTimeoutError``,
     ``EngineStatusError`` (non-2xx), ``EngineProtocolError`` (truncated or malformed answer),
-    ``BodyTooLargeError``. Retryable ones are retried under ``config.retry``.
+    ``BodyTooLargeError``. Retryable ones are retried under ``config.retry`` unless the
+    call says ``retry=False`` (the router's own retry loop then picks another engine).
     Cancellation propagates at once and closes the connection of the attempt in progress.
 
     Usage::
@@ -83,13 +78,19 @@ class EngineClient:
             raw = await client.post(url, "/rollout/generate", payload, request_id=rid)
     """
 
-    def __init__(self, config: EngineClientConfig | None = None) -> None:
+    _resource_name = "engine client"
+
+    def __init__(
+        self, config: EngineClientConfig | None = None, *, transport: AsyncTransport | None = None
+    ) -> None:
+        super().__init__()
         self._config = config if config is not None else EngineClientConfig()
-        self._session: aiohttp.ClientSession | None = None
-        self._closed = False
+        self._transport: AsyncTransport = (
+            transport if transport is not None else AiohttpTransport(self._config)
+        )
         # The jitter needs no reproducibility; a private generator keeps callers' seeds intact.
         self._random = random.Random()
-        self._timeout = self._client_timeout(self._config.total_timeout_s)
+        self._timeouts = self._bounds(self._config.total_timeout_s)
         self._requests = 0
         self._attempts = 0
         self._retries = 0
@@ -101,15 +102,9 @@ class EngineClient:
         """The settings this client was made with."""
         return self._config
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`aclose` was called."""
-        return self._closed
-
-    @property
-    def stats(self) -> EngineClientStats:
+    def statistics(self) -> EngineClientStatistics:
         """A snapshot of the request, retry and byte counters."""
-        return EngineClientStats(
+        return EngineClientStatistics(
             requests=self._requests,
             attempts=self._attempts,
             retries=self._retries,
@@ -117,30 +112,10 @@ class EngineClient:
             bytes_received=self._bytes_received,
         )
 
-    async def __aenter__(self) -> EngineClient:
-        self._session_or_raise(None, None)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the session and its connections. Idempotent.
-
-        Shielded from cancellation and bounded to 5 s, so it completes even in a cancelled
-        scope. Requests still running fail with ``EngineUnavailableError`` or, if they were
-        between attempts, ``ClosedResourceError``.
-        """
-        self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
-                await session.close()
+    async def _close(self) -> None:
+        # Requests still running fail with EngineUnavailableError or, between attempts,
+        # ClosedResourceError.
+        await self._transport.aclose()
 
     async def post(
         self,
@@ -179,8 +154,7 @@ class EngineClient:
         cancellation the connection is closed and nothing is returned.
         """
         data = _json.dumps(payload)
-        policy = self._config.retry if retry else _NO_RETRY
-        return await self._call("POST", url, path, data, request_id, into, timeout_s, policy)
+        return await self._call("POST", url, path, data, request_id, into, timeout_s, retry)
 
     async def get_json(
         self,
@@ -193,14 +167,12 @@ class EngineClient:
     ) -> Any:
         """GET ``url + path`` and return the answer parsed as JSON (``None`` if empty).
 
-        For control endpoints (``/model_info``, ``/server_info``). Retried like :meth:`post`.
+        For control endpoints (``/model_info``, ``/v1/loads``). Retried like :meth:`post`.
         Raises the errors of :meth:`post`, and ``EngineProtocolError`` when the body is not
         JSON. Cancellation propagates.
         """
-        raw = await self._call(
-            "GET", url, path, None, request_id, None, timeout_s, self._policy(retry)
-        )
-        return await _parse_json(raw, "GET", path)
+        raw = await self._call("GET", url, path, None, request_id, None, timeout_s, retry)
+        return _parse_json(raw, "GET", path)
 
     async def post_json(
         self,
@@ -214,15 +186,14 @@ class EngineClient:
     ) -> Any:
         """POST ``payload`` as JSON (no body if ``None``) and return the answer parsed as JSON.
 
-        For control endpoints (``/abort_request``, ``/pause_generation``,
-        ``/update_weight_version``); an empty answer gives ``None``. Retried like
-        :meth:`post` (``retry=False``: one attempt). Raises the errors of :meth:`post`, and
+        For ``/generate`` and control endpoints (``/abort_request``,
+        ``/pause_generation``); an empty answer gives ``None``. Retried like :meth:`post`
+        (``retry=False``: one attempt). Raises the errors of :meth:`post`, and
         ``EngineProtocolError`` when the body is not JSON. Cancellation propagates.
         """
         data = None if payload is None else _json.dumps(payload)
-        policy = self._config.retry if retry else _NO_RETRY
-        raw = await self._call("POST", url, path, data, request_id, None, timeout_s, policy)
-        return await _parse_json(raw, "POST", path)
+        raw = await self._call("POST", url, path, data, request_id, None, timeout_s, retry)
+        return _parse_json(raw, "POST", path)
 
     async def health(
         self, url: str, *, path: str = "/health", timeout_s: float | None = None
@@ -231,52 +202,22 @@ class EngineClient:
 
         Any :class:`~miles_lite.errors.EngineError` (refused, timeout, 503 while starting)
         gives ``False``. ``timeout_s`` bounds the probe (seconds; default: the client's total
-        timeout). Raises ``ClosedResourceError`` after :meth:`aclose` and ``ConfigError`` for
-        an invalid URL. Cancellation propagates.
+        timeout). Raises ``ClosedResourceError`` when the client is not open and
+        ``ConfigError`` for an invalid URL. Cancellation propagates.
         """
         try:
-            await self._call("GET", url, path, None, None, None, timeout_s, _NO_RETRY)
+            await self._call("GET", url, path, None, None, None, timeout_s, False)
         except EngineError:
             return False
         return True
 
     # -- internals -------------------------------------------------------------------------
 
-    def _policy(self, retry: bool) -> RetryPolicy:
-        # retry=False: the caller retries (Router.call leases another engine per attempt).
-        return self._config.retry if retry else _NO_RETRY
-
-    def _client_timeout(self, total_s: float | None) -> aiohttp.ClientTimeout:
-        # sock_connect, not connect: aiohttp's `connect` also counts the wait for a free
-        # pooled connection, which under load is queueing, not an engine failure.
-        return aiohttp.ClientTimeout(
-            total=total_s,
-            sock_connect=self._config.connect_timeout_s,
-            sock_read=self._config.read_timeout_s,
+    def _bounds(self, total_s: float | None) -> Timeouts:
+        config = self._config
+        return Timeouts(
+            connect_s=config.connect_timeout_s, read_s=config.read_timeout_s, total_s=total_s
         )
-
-    def _session_or_raise(self, url: str | None, request_id: str | None) -> aiohttp.ClientSession:
-        if self._closed:
-            raise ClosedResourceError(
-                "engine client is closed (aclose() was called): make a new EngineClient",
-                url=url,
-                request_id=request_id,
-            )
-        if self._session is None:
-            config = self._config
-            connector = aiohttp.TCPConnector(
-                limit=config.max_connections, limit_per_host=config.max_connections_per_host
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self._timeout,
-                auto_decompress=False,
-                read_bufsize=config.read_chunk_bytes,
-                raise_for_status=False,
-                trust_env=False,
-                headers=dict(config.headers),
-            )
-        return self._session
 
     async def _call(
         self,
@@ -287,19 +228,27 @@ class EngineClient:
         request_id: str | None,
         into: BodyAllocator | None,
         timeout_s: float | None,
-        policy: RetryPolicy,
+        retry: bool,
     ) -> RawResponse:
-        self._session_or_raise(url, request_id)
-        timeout = self._timeout if timeout_s is None else self._override_timeout(timeout_s)
+        self._check_open(url=url, request_id=request_id)
+        if timeout_s is None:
+            timeouts = self._timeouts
+        else:
+            check_seconds("EngineClient", "timeout_s", timeout_s)
+            timeouts = self._bounds(timeout_s)
         allocator: BodyAllocator = into if into is not None else allocate_fresh
         self._requests += 1
 
         async def attempt() -> RawResponse:
-            return await self._exchange(method, url, path, data, request_id, allocator, timeout)
+            self._check_open(url=url, request_id=request_id)
+            where = Attempt(method, url, path, request_id, timeouts, Progress())
+            return await self._exchange(Request(where, data), allocator)
 
         try:
+            if not retry:
+                return await attempt()
             return await retry_call(
-                policy, attempt, rand=self._random.random, on_retry=self._on_retry
+                self._config.retry, attempt, rand=self._random.random, on_retry=self._on_retry
             )
         except Exception:
             self._failures += 1
@@ -308,123 +257,81 @@ class EngineClient:
     def _on_retry(self, retry: int, error: Exception, delay_s: float) -> None:
         self._retries += 1
 
-    def _override_timeout(self, timeout_s: float) -> aiohttp.ClientTimeout:
-        if (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, int | float)
-            or not (math.isfinite(timeout_s) and timeout_s > 0)
-        ):
-            raise ConfigError(
-                f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}"
-            )
-        return self._client_timeout(timeout_s)
-
-    async def _exchange(
-        self,
-        method: str,
-        url: str,
-        path: str,
-        data: bytes | None,
-        request_id: str | None,
-        into: BodyAllocator,
-        client_timeout: aiohttp.ClientTimeout,
-    ) -> RawResponse:
+    async def _exchange(self, request: Request, into: BodyAllocator) -> RawResponse:
         """One HTTP attempt: send, check the status, read the body into a buffer."""
-        session = self._session_or_raise(url, request_id)
         self._attempts += 1
-        progress = Progress()
-        where = Attempt(method, url, path, request_id, client_timeout, progress)
-        with translated(where):
-            resp = await session.request(
-                method,
-                _join(url, path),
-                data=data,
-                headers=_GET_HEADERS if data is None else _JSON_HEADERS,
-                timeout=client_timeout,
-                allow_redirects=False,
-            )
+        where = request.attempt
+        ctx = {"url": where.url, "request_id": where.request_id}
+        stream = await self._transport.send(request)
         complete = False
         try:
-            if not 200 <= resp.status < 300:
-                with translated(where):
-                    excerpt = await read_excerpt(resp.content, progress)
+            if not 200 <= stream.status < 300:
+                excerpt = await read_excerpt(stream, where.progress)
                 raise EngineStatusError(
-                    f"engine answered HTTP {resp.status} {resp.reason or ''} to {method} {path}:"
-                    f" {excerpt!r}",
-                    status=resp.status,
+                    f"engine answered HTTP {stream.status} {stream.reason} to"
+                    f" {where.method} {where.path}: {excerpt!r}",
+                    status=stream.status,
                     body_excerpt=excerpt,
-                    url=url,
-                    request_id=request_id,
+                    **ctx,
                 )
-            encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+            encoding = stream.headers.get("Content-Encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise EngineProtocolError(
-                    f"answer to {method} {path} has Content-Encoding {encoding!r} although"
-                    " identity was asked for; turn compression off on the engine's proxy",
-                    url=url,
-                    request_id=request_id,
+                    f"answer to {where.method} {where.path} has Content-Encoding {encoding!r}"
+                    " although identity was asked for; turn compression off on the engine's"
+                    " proxy",
+                    **ctx,
                 )
-            owner, body = await self._read_body(resp, where, into)
+            owner, body = await self._read_body(stream, where, into)
             complete = True
             return RawResponse(
-                url=url,
-                status=resp.status,
-                content_type=resp.content_type,
-                headers=resp.headers,
+                url=where.url,
+                status=stream.status,
+                content_type=stream.content_type,
+                headers=stream.headers,
                 body=body,
                 owner=owner,
-                request_id=request_id,
+                request_id=where.request_id,
             )
         finally:
-            self._bytes_received += progress.received
+            self._bytes_received += where.progress.received
             # release() keeps a fully read connection for reuse; close() drops a half-read one.
             if complete:
-                resp.release()
+                stream.release()
             else:
-                resp.close()
+                stream.close()
 
     async def _read_body(
-        self, resp: aiohttp.ClientResponse, where: Attempt, into: BodyAllocator
+        self, stream: Any, where: Attempt, into: BodyAllocator
     ) -> tuple[object, memoryview]:
         limit = self._config.max_body_bytes
         chunk_bytes = self._config.read_chunk_bytes
         progress = where.progress
-        length = resp.content_length
+        ctx = {"url": where.url, "request_id": where.request_id}
+        length = stream.content_length
         if length is not None:
             if length > limit:
                 raise BodyTooLargeError(
                     f"body of {length} bytes (Content-Length) is over max_body_bytes={limit}:"
                     " refused unread; raise the limit or ask for fewer outputs per request",
-                    url=where.url,
-                    request_id=where.request_id,
+                    **ctx,
                 )
             progress.expected = length
             if length == 0:
                 return None, memoryview(b"")
             owner = await into(length)
-            view = writable_bytes(owner, length, url=where.url, request_id=where.request_id)
-            with translated(where):
-                await fill_view(resp.content, view, chunk_bytes, progress)
+            view = writable_bytes(owner, length, **ctx)
+            await fill_view(stream, view, chunk_bytes, progress)
             if progress.received < length:
-                raise EngineProtocolError(
-                    truncated_message(where), url=where.url, request_id=where.request_id
-                )
+                raise engine_error(Failure.TRUNCATED, where, "the body ended early")
             return owner, view
 
-        with translated(where):
-            chunks = await read_all_chunks(
-                resp.content,
-                chunk_bytes,
-                limit,
-                progress,
-                url=where.url,
-                request_id=where.request_id,
-            )
+        chunks = await read_all_chunks(stream, chunk_bytes, limit, progress, **ctx)
         total = progress.received
         if total == 0:
             return None, memoryview(b"")
         owner = await into(total)
-        view = writable_bytes(owner, total, url=where.url, request_id=where.request_id)
+        view = writable_bytes(owner, total, **ctx)
         if total <= _INLINE_BYTES:
             _copy_chunks(chunks, view)
         else:
@@ -441,13 +348,7 @@ def _copy_chunks(chunks: list[bytes], view: memoryview) -> None:
         pos = end
 
 
-def _join(url: str, path: str) -> str:
-    if not path:
-        return url
-    return url.rstrip("/") + "/" + path.lstrip("/")
-
-
-async def _parse_json(raw: RawResponse, method: str, path: str) -> Any:
+def _parse_json(raw: RawResponse, method: str, path: str) -> Any:
     if raw.nbytes == 0:
         return None
     try:

@@ -1,14 +1,74 @@
-"""Settings of :class:`~miles_lite.engine.EngineClient`: timeouts, connection limits, body limits."""
+"""Settings of the engine layer: the client's limits, the retry policy, the router's health
+checks and in-flight bound, and :class:`EngineConfig`, which a rollout config holds.
+
+Every setting has one owner: a rollout's engine limits live in its ``engines`` field, a
+request's limits in :class:`EngineClientConfig` (the worker-side fetch of
+``fetch_in_parser`` derives its own from it), the in-flight bound in :class:`RouterConfig`.
+"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from miles_lite.engine.retry import RetryPolicy
+from miles_lite._core.validate import check_int, check_number, check_seconds, check_type
 from miles_lite.errors import ConfigError
 
-__all__ = ["EngineClientConfig"]
+__all__ = ["EngineClientConfig", "EngineConfig", "RetryPolicy", "RouterConfig"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """How many times a retryable engine error is tried again, and how long to wait between.
+
+    Only errors whose ``retryable`` is true are retried: what never reached the engine
+    and 502/503/504 answers. The wait before retry ``k`` (1-based) is
+    ``min(backoff_max_s, backoff_initial_s * 2**(k-1))``, scaled by a random factor in
+    ``[1 - jitter, 1 + jitter]`` and capped at ``backoff_max_s`` again. ``max_attempts``
+    counts the first try: 1 means never retry.
+
+    Raises :class:`~miles_lite.errors.ConfigError` naming the field on a bad value.
+
+    Usage: ``RetryPolicy(max_attempts=5, backoff_initial_s=0.2)``.
+    """
+
+    #: Tries in all, the first one included (>= 1).
+    max_attempts: int = 3
+    #: Wait before the first retry, in seconds (>= 0).
+    backoff_initial_s: float = 0.1
+    #: Longest wait between two tries, in seconds (>= backoff_initial_s).
+    backoff_max_s: float = 2.0
+    #: Relative random spread of each wait, in [0, 1]: 0.1 means +-10%.
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_int("RetryPolicy", "max_attempts", self.max_attempts)
+        for name in ("backoff_initial_s", "backoff_max_s", "jitter"):
+            check_number("RetryPolicy", name, getattr(self, name))
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ConfigError(
+                f"RetryPolicy.backoff_max_s must be >= backoff_initial_s"
+                f" ({self.backoff_initial_s!r}), got {self.backoff_max_s!r}"
+            )
+        if self.jitter > 1:
+            raise ConfigError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter!r}")
+
+    def backoff_s(self, retry: int, rand: float) -> float:
+        """The wait in seconds before retry number ``retry`` (1-based).
+
+        ``rand`` is a uniform random number in ``[0, 1)`` that sets the jitter; pure
+        function, never blocks.
+        """
+        if retry < 1:
+            raise ValueError(f"retry is 1-based, got {retry!r}")
+        # Cap the exponent first: 2**retry overflows a float long before retries run out.
+        base = min(self.backoff_max_s, self.backoff_initial_s * 2.0 ** min(retry - 1, 60))
+        spread = 1.0 + self.jitter * (2.0 * rand - 1.0)
+        return max(0.0, min(self.backoff_max_s, base * spread))
+
+    @staticmethod
+    def should_retry(error: BaseException) -> bool:
+        """Whether ``error`` may be retried: only when its ``retryable`` attribute is true."""
+        return isinstance(error, Exception) and getattr(error, "retryable", False) is True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -18,7 +78,8 @@ class EngineClientConfig:
     Every wait is bounded: connecting by ``connect_timeout_s``, every socket read by
     ``read_timeout_s``, the whole exchange (waiting for a free pooled connection, sending,
     receiving the full body) by ``total_timeout_s``. Either of the last two may be ``None``,
-    not both. Sizes are in bytes, times in seconds.
+    not both. Sizes are in bytes, times in seconds. The same limits bound the exchange a
+    parser worker makes itself (``fetch_in_parser``).
 
     Raises :class:`~miles_lite.errors.ConfigError` naming the field and the bad value.
 
@@ -49,13 +110,14 @@ class EngineClientConfig:
     headers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        _positive_time("connect_timeout_s", self.connect_timeout_s, optional=False)
-        _positive_time("read_timeout_s", self.read_timeout_s, optional=True)
-        _positive_time("total_timeout_s", self.total_timeout_s, optional=True)
+        owner = "EngineClientConfig"
+        check_seconds(owner, "connect_timeout_s", self.connect_timeout_s)
+        check_seconds(owner, "read_timeout_s", self.read_timeout_s, optional=True)
+        check_seconds(owner, "total_timeout_s", self.total_timeout_s, optional=True)
         if self.total_timeout_s is None and self.read_timeout_s is None:
             raise ConfigError(
-                "total_timeout_s may be None only when read_timeout_s is set;"
-                " got total_timeout_s=None and read_timeout_s=None (a request could hang forever)"
+                f"{owner}.total_timeout_s may be None only when read_timeout_s is set; got"
+                " total_timeout_s=None and read_timeout_s=None (a request could hang forever)"
             )
         for name in (
             "max_connections",
@@ -63,14 +125,13 @@ class EngineClientConfig:
             "max_body_bytes",
             "read_chunk_bytes",
         ):
-            _positive_int(name, getattr(self, name))
+            check_int(owner, name, getattr(self, name))
         if self.max_connections_per_host > self.max_connections:
             raise ConfigError(
-                f"max_connections_per_host must be <= max_connections ({self.max_connections}),"
-                f" got {self.max_connections_per_host!r}"
+                f"{owner}.max_connections_per_host must be <= max_connections"
+                f" ({self.max_connections}), got {self.max_connections_per_host!r}"
             )
-        if not isinstance(self.retry, RetryPolicy):
-            raise ConfigError(f"retry must be a RetryPolicy, got {self.retry!r}")
+        check_type(owner, "retry", self.retry, RetryPolicy)
         if not isinstance(self.headers, tuple) or not all(
             isinstance(pair, tuple)
             and len(pair) == 2
@@ -78,23 +139,65 @@ class EngineClientConfig:
             for pair in self.headers
         ):
             raise ConfigError(
-                f"headers must be a tuple of (name, value) string pairs, got {self.headers!r}"
+                f"{owner}.headers must be a tuple of (name, value) string pairs,"
+                f" got {self.headers!r}"
             )
 
 
-def _positive_time(name: str, value: object, *, optional: bool) -> None:
-    if value is None and optional:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        allowed = "a finite number of seconds > 0" + (" or None" if optional else "")
-        raise ConfigError(f"{name} must be {allowed}, got {value!r}")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RouterConfig:
+    """How many requests each engine takes at once, how the router checks engine health,
+    and how long a lease may wait (seconds).
+
+    ``max_inflight_per_engine`` has no default: a text engine batches hundreds of requests
+    (SGLang's ``--max-running-requests``), a diffusion engine a few, and a silent default
+    would be wrong for one of them. The rollout configs carry one fitting their kind.
+
+    Raises :class:`~miles_lite.errors.ConfigError` naming the field on a bad value.
+
+    Usage: ``RouterConfig(max_inflight_per_engine=256, health_interval_s=2.0)``.
+    """
+
+    #: Leases open at once on one engine, whoever holds them (every rollout sharing this
+    #: router): a lease waits for a free slot. When an engine leaves the rotation, the
+    #: others do not take its share. For SGLang, about its ``--max-running-requests``
+    #: (plus a queued request or two, so the engine never idles between answers).
+    max_inflight_per_engine: int
+    #: Time between two rounds of /health probes (every engine, removed ones included).
+    health_interval_s: float = 5.0
+    #: Consecutive failures (of leases or probes) that take an engine out of rotation.
+    failure_threshold: int = 3
+    #: Longest wait for one /health answer; no answer in time counts as a failure.
+    health_timeout_s: float = 2.0
+    #: Longest wait in :meth:`Router.lease` for a healthy engine when none is; then the
+    #: call fails once (it is not retried: it already waited).
+    wait_timeout_s: float = 60.0
+    #: Sticky keys remembered (least recently used ones are forgotten first).
+    max_sticky_keys: int = 100_000
+    #: Least time out of rotation before a passing /health probe lets an engine back in
+    #: (seconds, >= 0). Counted from its removal.
+    readmit_cooldown_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        owner = "RouterConfig"
+        check_seconds(owner, "readmit_cooldown_s", self.readmit_cooldown_s, zero=True)
+        for name in ("health_interval_s", "health_timeout_s", "wait_timeout_s"):
+            check_seconds(owner, name, getattr(self, name))
+        for name in ("failure_threshold", "max_sticky_keys", "max_inflight_per_engine"):
+            check_int(owner, name, getattr(self, name))
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be an int > 0, got {value!r}")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineConfig:
+    """Everything about the engines of a rollout: the client's request limits and retry
+    policy, and the router's in-flight bound and health checks.
+
+    Usage: ``EngineConfig(router=RouterConfig(max_inflight_per_engine=256))``.
+    """
+
+    router: RouterConfig
+    client: EngineClientConfig = field(default_factory=EngineClientConfig)
+
+    def __post_init__(self) -> None:
+        check_type("EngineConfig", "router", self.router, RouterConfig)
+        check_type("EngineConfig", "client", self.client, EngineClientConfig)

@@ -1,16 +1,12 @@
-"""Stopping what runs at the engines: ``/abort_request``, then ``/v1/loads`` until idle.
+"""Stopping what runs at the engines: the one sender of ``/abort_request``.
 
-Per engine, concurrently: one POST per rid (``{"rid": ...}``, matched by prefix, so rids
-must be fixed-length; unknown rids are ignored) or one ``{"abort_all": true}``, each with
-a short timeout and no retry; then ``GET /v1/loads?include=core`` is polled until the
-engine reports no running and no waiting request, re-sending the abort each round (as
-slime does: requests that arrived in between are caught too), or until the bound passes.
-An engine that never answers costs at most the bound, never more, and stalls no other.
-
-SGLang 0.5.23 answers ``/v1/loads`` with one entry per data-parallel rank::
-
-    {"timestamp": "...", "version": "0.5.23", "accelerator": ..., "num_accelerators": 1,
-     "loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 0, ...}]}
+:func:`abort_requests` (early stop): per engine, concurrently, one POST per rid (or one
+``abort_all``), each with a short timeout and no retry; then ``GET /v1/loads`` is polled
+until the engine reports no running and no waiting request, re-sending the abort each
+round (as slime does: requests that arrived in between are caught too), or until the
+bound passes. An engine that never answers costs at most the bound, never more, and
+stalls no other. :func:`abort_request` aborts one rid (a request whose caller went away
+or timed out), best effort and bounded.
 """
 
 from __future__ import annotations
@@ -19,14 +15,20 @@ import math
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.errors import EngineStatusError, MilesLiteError
+from miles_lite.errors import EngineError, EngineStatusError, MilesLiteError
+from miles_lite.sglang.control import (
+    ABORT_PATH,
+    LOADS_PATH,
+    abort_all_body,
+    abort_body,
+    busy_requests,
+)
 
-__all__ = ["AbortReport", "EngineAbort", "abort_requests", "busy_requests"]
+__all__ = ["AbortReport", "EngineAbort", "abort_request", "abort_requests"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +53,6 @@ class AbortReport:
     def idle(self) -> bool:
         """Whether every engine reported nothing running and nothing waiting."""
         return all(e.idle for e in self.engines)
-
-
-def busy_requests(loads: Any) -> int | None:
-    """Running plus waiting requests over all ranks of a ``/v1/loads`` answer; None if the
-    answer does not say."""
-    if not isinstance(loads, dict) or not isinstance(loads.get("loads"), list):
-        return None
-    total = 0
-    for rank in loads["loads"]:
-        if not isinstance(rank, dict):
-            return None
-        running, waiting = rank.get("num_running_reqs"), rank.get("num_waiting_reqs")
-        if not isinstance(running, int) or not isinstance(waiting, int):
-            return None
-        total += running + waiting
-    return total
 
 
 async def abort_requests(
@@ -101,9 +87,7 @@ async def abort_requests(
                     if time.monotonic() - last_sent >= resend_interval_s:
                         sent += await _send_aborts(client, url, rids, abort_all, timeout_s)
                         last_sent = time.monotonic()
-                    loads = await client.get_json(
-                        url, "/v1/loads?include=core", timeout_s=timeout_s, retry=False
-                    )
+                    loads = await client.get_json(url, LOADS_PATH, timeout_s=timeout_s, retry=False)
                 except EngineStatusError as exc:
                     error = f"cannot tell whether it is idle: {exc}"
                     break  # no /v1/loads here (an older engine): nothing more to learn
@@ -137,9 +121,7 @@ async def _send_aborts(
     """Send the aborts of one engine at once; raises the first failure, a plain error (not
     an exception group, so that the caller's retry loop sees it)."""
     if abort_all:
-        await client.post_json(
-            url, "/abort_request", {"abort_all": True}, timeout_s=timeout_s, retry=False
-        )
+        await client.post_json(url, ABORT_PATH, abort_all_body(), timeout_s=timeout_s, retry=False)
         return 1
     errors: list[MilesLiteError] = []
     async with anyio.create_task_group() as tg:
@@ -156,7 +138,23 @@ async def _abort_one(
     # One attempt: the loop re-sends every resend_interval_s while the engine is busy.
     try:
         await client.post_json(
-            url, "/abort_request", {"rid": rid}, request_id=rid, timeout_s=timeout_s, retry=False
+            url, ABORT_PATH, abort_body(rid), request_id=rid, timeout_s=timeout_s, retry=False
         )
     except MilesLiteError as exc:
         errors.append(exc)
+
+
+async def abort_request(client: EngineClient, url: str, rid: str, *, timeout_s: float) -> bool:
+    """Abort one request ``rid`` at ``url``: one attempt, bounded by ``timeout_s`` and
+    shielded from cancellation (it runs when its caller was just cancelled). Returns
+    whether the engine took it; an engine that is gone or busy is not an error here (the
+    rollout's own abort repeats until the engine is idle)."""
+    with anyio.move_on_after(timeout_s, shield=True):
+        try:
+            await client.post_json(
+                url, ABORT_PATH, abort_body(rid), request_id=rid, timeout_s=timeout_s, retry=False
+            )
+        except EngineError:
+            return False
+        return True
+    return False

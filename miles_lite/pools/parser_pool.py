@@ -14,13 +14,13 @@ valid while referenced and their pages are reused once they are all gone.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from miles_lite.codecs.tensors import materialize
+from miles_lite.engine.blocking import BlockingRequest
 from miles_lite.errors import ConfigError, MilesLiteError
 from miles_lite.pools.arena import Arena, ArenaConfig, Lease
 from miles_lite.pools.arena_pages import FIRST_WORKER_TAG, LAST_WORKER_TAG
@@ -187,18 +187,25 @@ class ParserPool:
             exc.with_context(url=url, request_id=request_id)
             raise
 
-    async def fetch(self, request: FetchRequest) -> ParsedBody:
-        """``fetch_in_parser``: a worker posts ``request``, reads and decodes the answer.
+    async def fetch(
+        self, request: BlockingRequest, *, expected_items: int | None = None
+    ) -> ParsedBody:
+        """``fetch_in_parser``: a worker posts ``request``, reads and decodes the answer
+        (``expected_items``: the samples it must hold).
 
-        Raises the engine errors (unavailable, timeout, status, protocol), CodecError, or
-        WorkerError. If cancelled, an answer that still arrives is freed.
+        Raises the engine errors (unavailable, timeout, status, protocol: the worker
+        never retries), CodecError, or WorkerError. If cancelled, an answer that still
+        arrives is freed.
         """
         arena = self._arena()
-        request = dataclasses.replace(
-            request, align=self.config.align, alloc_wait_s=arena.config.wait_s
+        fetch = FetchRequest(
+            request,
+            expected_items=expected_items,
+            align=self.config.align,
+            alloc_wait_s=arena.config.wait_s,
         )
         result: ParseResult = await self.pool.run(
-            fetch_and_parse, request, after_cancel=self._discard
+            fetch_and_parse, fetch, after_cancel=self._discard
         )
         return self._take(result, None)
 

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
+from miles_lite._core.resources import AsyncResource
+from miles_lite._core.validate import check_int, check_type
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.errors import (
     BodyTooLargeError,
     ClosedResourceError,
@@ -30,7 +31,7 @@ from miles_lite.errors import (
 if TYPE_CHECKING:
     from miles_lite.types import Sample
 
-__all__ = ["ApiScorer", "ApiScorerStatistics", "decode_scores", "encode_samples"]
+__all__ = ["DEFAULT_CLIENT", "ApiScorer", "ApiScorerStatistics", "decode_scores", "encode_samples"]
 
 _EXCERPT_BYTES = 300
 
@@ -72,9 +73,20 @@ def decode_scores(body: Any) -> list[Any]:
     return scores
 
 
+#: The client settings of an ApiScorer unless given: 60 s for a whole call, no separate
+#: read timeout, answers up to 8 MiB, two retries (of what never reached the server and
+#: of 502/503/504) after 0.5 s and 1 s.
+DEFAULT_CLIENT = EngineClientConfig(
+    read_timeout_s=None,
+    total_timeout_s=60.0,
+    max_body_bytes=8 << 20,
+    retry=RetryPolicy(max_attempts=3, backoff_initial_s=0.5, backoff_max_s=1.0, jitter=0.0),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ApiScorerStatistics:
-    """What an :class:`ApiScorer` did since it was made or since :meth:`ApiScorer.reset_stats`.
+    """What an :class:`ApiScorer` did since it was made.
 
     ``max_queue_depth``: at each call, how many calls were already in flight (sending or
     waiting for a slot); the maximum. Below ``max_concurrency`` means no call ever waited.
@@ -92,7 +104,7 @@ class ApiScorerStatistics:
     failures: int
 
 
-class ApiScorer:
+class ApiScorer(AsyncResource):
     """Score samples with a remote HTTP API, at most ``max_concurrency`` requests at once.
 
     Each :meth:`score` call is one ``POST url`` with a JSON body (``encode(samples)``,
@@ -102,13 +114,13 @@ class ApiScorer:
     numbers (returned as float) or dicts. ``encode``/``decode`` run on the event loop: keep
     them cheap.
 
-    One :class:`~miles_lite.engine.EngineClient` (connections ``max_concurrency``, total
-    timeout ``timeout_s`` seconds, connect timeout ``connect_timeout_s``, ``headers`` on
-    every request), so its transport errors and its retry policy are the engines': what
-    never reached the server (refused, DNS, connect timeout) and 502/503/504 answers are
-    retried up to ``max_retries`` times, after ``retry_backoff_s * 2**attempt`` seconds; the
-    call keeps its slot meanwhile. Nothing else is retried: a timeout or a reset once the
-    request is sent, another status, a malformed answer. Every 2xx is accepted. Usage::
+    ``client`` is the :class:`~miles_lite.engine.EngineClientConfig` of its one engine
+    client: timeouts, body limit, headers (an ``Authorization``), and the retry policy.
+    So transport errors and retries are the engines': what never reached the server
+    (refused, DNS, connect timeout) and 502/503/504 answers are retried, the call keeping
+    its slot meanwhile; a timeout or a reset once the request is sent, another status, a
+    malformed answer are not. Every 2xx is accepted. The default config: 60 s total, no
+    read timeout, 8 MiB answers, 2 retries after 0.5 s. Usage::
 
         async with ApiScorer("http://rm:8000/score", max_concurrency=16) as scorer:
             scores = await scorer.score(samples)
@@ -116,44 +128,27 @@ class ApiScorer:
     Raises ``ConfigError`` on a bad option.
     """
 
+    _resource_name = "ApiScorer"
+
     def __init__(
         self,
         url: str,
         *,
         max_concurrency: int = 8,
-        timeout_s: float = 60.0,
-        connect_timeout_s: float = 10.0,
-        max_retries: int = 2,
-        retry_backoff_s: float = 0.5,
-        max_response_bytes: int = 8 * 1024 * 1024,
-        headers: Mapping[str, str] | None = None,
+        client: EngineClientConfig | None = None,
         encode: Callable[[list[Sample]], Any] = encode_samples,
         decode: Callable[[Any], list[Any]] = decode_scores,
     ) -> None:
-        """Record the options; the HTTP session opens on first use (inside the event loop)."""
-        if not url.startswith(("http://", "https://")):
+        """Record the options; the HTTP session opens with ``async with``."""
+        super().__init__()
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"ApiScorer url must start with http:// or https://, got {url!r}")
-        for name, value in (
-            ("max_concurrency", max_concurrency),
-            ("max_response_bytes", max_response_bytes),
-        ):
-            if value < 1:
-                raise ConfigError(f"ApiScorer {name} must be >= 1, got {value!r}")
-        for name, number in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
-            if not number > 0:
-                raise ConfigError(f"ApiScorer {name} must be > 0 seconds, got {number!r}")
-        if max_retries < 0 or retry_backoff_s < 0:
-            raise ConfigError(
-                f"ApiScorer max_retries and retry_backoff_s must be >= 0, got {max_retries!r}, {retry_backoff_s!r}"
-            )
+        check_int("ApiScorer", "max_concurrency", max_concurrency)
+        config = client if client is not None else DEFAULT_CLIENT
+        check_type("ApiScorer", "client", config, EngineClientConfig)
         self.url = url
         self.max_concurrency = max_concurrency
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.max_retries = max_retries
-        self.retry_backoff_s = retry_backoff_s
-        self.max_response_bytes = max_response_bytes
-        self.headers = dict(headers or {})
+        self.config = config
         self._encode = encode
         self._decode = decode
         # The engine layer's client: one transport-error translation and one retry policy.
@@ -161,51 +156,31 @@ class ApiScorer:
         self._base = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
         self._path = urlunsplit(("", "", parts.path or "/", parts.query, ""))
         self._client = EngineClient(
-            EngineClientConfig(
-                connect_timeout_s=connect_timeout_s,
-                read_timeout_s=None,
-                total_timeout_s=timeout_s,
+            dataclasses.replace(
+                config,
                 max_connections=max_concurrency,
                 max_connections_per_host=max_concurrency,
-                max_body_bytes=max_response_bytes,
-                retry=RetryPolicy(
-                    max_attempts=max_retries + 1,
-                    backoff_initial_s=retry_backoff_s,
-                    backoff_max_s=retry_backoff_s * 2 ** min(max_retries, 30),
-                    jitter=0.0,
-                ),
-                headers=tuple((str(k), str(v)) for k, v in (headers or {}).items()),
             )
         )
-        self._retries_before = 0
         self._limiter = anyio.Semaphore(max_concurrency)
-        self._closed = False
         self._outstanding = 0
         self._in_flight = 0
-        self.reset_stats()
+        self._calls = 0
+        self._max_depth = 0
+        self._max_waiting = 0
+        self._failures = 0
 
-    async def __aenter__(self) -> ApiScorer:
-        self._open()
-        return self
+    def _describe(self) -> str:
+        return f"ApiScorer for {self.url}"
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    async def _open(self) -> None:
+        await self._client.__aenter__()
 
-    async def aclose(self) -> None:
-        """Close the HTTP session; idempotent. Later calls raise ``ClosedResourceError``.
+    async def _close(self) -> None:
+        # Calls still in flight fail.
+        await self._client.aclose()
 
-        Shielded from cancellation and bounded (5 s). Calls still in flight fail.
-        """
-        self._closed = True
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            await self._client.aclose()
-
-    def stats(self) -> ApiScorerStatistics:
+    def statistics(self) -> ApiScorerStatistics:
         """A snapshot of the queue-depth and retry counters (see :class:`ApiScorerStatistics`)."""
         return ApiScorerStatistics(
             calls=self._calls,
@@ -213,17 +188,9 @@ class ApiScorer:
             max_waiting=self._max_waiting,
             in_flight=self._in_flight,
             waiting=self._outstanding - self._in_flight,
-            retries=self._client.stats.retries - self._retries_before,
+            retries=self._client.statistics().retries,
             failures=self._failures,
         )
-
-    def reset_stats(self) -> None:
-        """Zero the counters (``calls``, maxima, ``retries``, ``failures``), e.g. per rollout."""
-        self._calls = 0
-        self._max_depth = 0
-        self._max_waiting = 0
-        self._retries_before = self._client.stats.retries if hasattr(self, "_client") else 0
-        self._failures = 0
 
     async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
         """POST ``samples`` and return one score per sample, in order.
@@ -235,12 +202,11 @@ class ApiScorer:
         ``ClosedResourceError`` after :meth:`aclose`. On cancellation the request is
         abandoned (its connection closed) and the slot freed.
         """
-        if self._closed:
-            raise ClosedResourceError(f"ApiScorer for {self.url} is closed; make a new one")
+        self._check_open(url=self.url)
         if not samples:
             return []
         where = _indices(samples)
-        client = self._open()
+        client = self._client
 
         self._calls += 1
         self._max_depth = max(self._max_depth, self._outstanding)
@@ -266,18 +232,13 @@ class ApiScorer:
         finally:
             self._outstanding -= 1
 
-    def _open(self) -> EngineClient:
-        if self._closed:
-            raise ClosedResourceError(f"ApiScorer for {self.url} is closed; make a new one")
-        return self._client
-
     async def _post(self, client: EngineClient, payload: Any, where: str) -> Any:
         """One POST under the engine layer's retry policy; returns the parsed JSON answer.
 
         The client retries only what never reached the server and 502/503/504: a scoring
         request the server received is never sent twice.
         """
-        retries = self.max_retries
+        retries = self.config.retry.max_attempts - 1
         try:
             raw = await client.post(self._base, self._path, payload)
         except ClosedResourceError as exc:
@@ -305,14 +266,14 @@ class ApiScorer:
             ) from exc
         except EngineTimeoutError as exc:
             raise RewardError(
-                f"reward API gave no answer for {where} within timeout_s={self.timeout_s} s "
+                f"reward API gave no answer for {where} within its timeout "
                 f"(not retried: the request may be running): {exc}",
                 url=self.url,
             ) from exc
         except BodyTooLargeError as exc:
             raise RewardError(
-                f"reward API answer for {where} exceeds max_response_bytes="
-                f"{self.max_response_bytes}: {exc}",
+                f"reward API answer for {where} exceeds max_body_bytes="
+                f"{self.config.max_body_bytes}: {exc}",
                 url=self.url,
             ) from exc
         except EngineError as exc:

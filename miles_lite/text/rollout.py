@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.config import EngineClientConfig, RouterConfig
 from miles_lite.engine.control import abort_requests
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.rollout.config import TextRolloutConfig
 from miles_lite.rollout.contract import GenerateFn

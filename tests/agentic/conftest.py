@@ -12,8 +12,8 @@ import pytest
 
 from miles_lite.agentic.server import SessionServer, SessionServerConfig
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextState
@@ -68,7 +68,9 @@ def stack(tokenizer: Any) -> OpenStack:
             client_config = EngineClientConfig(total_timeout_s=30.0)
             async with (
                 EngineClient(client_config) as client,
-                Router([e.url for e in opened], client, RouterConfig()) as router,
+                Router(
+                    [e.url for e in opened], client, RouterConfig(max_inflight_per_engine=4)
+                ) as router,
             ):
                 state = TextState(
                     tokenizer=tokenizer,

@@ -12,8 +12,7 @@ import pytest
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.agentic.agent import AgentGenerate, chat_request_kwargs
 from miles_lite.agentic.server import SessionServer
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.errors import AgentError, ConfigError
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine

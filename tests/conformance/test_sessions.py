@@ -14,8 +14,8 @@ import pytest
 from miles_lite.agentic.assembly import assemble_samples
 from miles_lite.agentic.server import SessionServer
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.text.context import TextState
 from miles_lite.types import Sample
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.anyio
 async def session_server(url: str, tokenizer: Any) -> AsyncIterator[SessionServer]:
     async with (
         EngineClient(EngineClientConfig(total_timeout_s=120.0)) as client,
-        Router([url], client, RouterConfig()) as router,
+        Router([url], client, RouterConfig(max_inflight_per_engine=4)) as router,
     ):
         state = TextState(
             tokenizer=tokenizer, router=router, sampling=TextSamplingParams(max_new_tokens=6)

@@ -13,9 +13,8 @@ import pytest
 
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.errors import FilterError
 from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.pools.reward_pool import RewardPool

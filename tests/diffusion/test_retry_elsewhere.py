@@ -9,9 +9,8 @@ import pytest
 
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.testing import StandInConfig, StandInEngine
@@ -47,7 +46,9 @@ async def test_with_one_of_two_engines_dead_no_sample_is_lost(
     )
     # Health probes far apart: the dead engine stays in rotation, so leases keep landing
     # on it and only the retries can save those samples.
-    router_config = RouterConfig(health_interval_s=60.0, failure_threshold=100)
+    router_config = RouterConfig(
+        max_inflight_per_engine=4, health_interval_s=60.0, failure_threshold=100
+    )
     retry = RetryPolicy(max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.001)
     async with (
         StandInEngine(StandInConfig()) as live,
@@ -71,7 +72,9 @@ async def test_the_dead_engine_is_still_used_when_it_is_the_only_one(dead_url: s
     retry = RetryPolicy(max_attempts=2, backoff_initial_s=0.001, backoff_max_s=0.001)
     async with (
         EngineClient(EngineClientConfig(retry=retry)) as client,
-        Router([dead_url], client, RouterConfig(failure_threshold=100)) as router,
+        Router(
+            [dead_url], client, RouterConfig(max_inflight_per_engine=4, failure_threshold=100)
+        ) as router,
     ):
         tried: list[str] = []
 

@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 from miles_lite.engine._body import fill_view, read_all_chunks
 from miles_lite.engine._errors import Progress
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.engine.response import FreshBuffer, allocate_fresh
-from miles_lite.engine.retry import RetryPolicy
 from miles_lite.errors import (
     ArenaError,
     BodyTooLargeError,
@@ -89,7 +88,7 @@ async def test_body_is_read_into_the_provided_buffer(engine: ScriptedEngine) -> 
     seen = engine.seen[0]
     assert json.loads(seen.body) == {"seed": 7, "prompt": "a cat"}
     assert seen.headers["Content-Type"] == "application/json"
-    assert client.stats.bytes_received == len(body)
+    assert client.statistics().bytes_received == len(body)
 
 
 @pytest.mark.anyio
@@ -101,7 +100,7 @@ async def test_big_body_is_read_without_blocking_the_loop(engine: ScriptedEngine
     async with EngineClient(config()) as client:
         raw = await client.post(engine.url, "/rollout/generate", {"seed": 1})
         assert raw.nbytes == nbytes
-        assert client.stats.bytes_received == nbytes
+        assert client.statistics().bytes_received == nbytes
 
 
 @pytest.mark.anyio
@@ -177,8 +176,8 @@ async def test_content_length_over_the_limit_is_refused_unread(engine: ScriptedE
     async with EngineClient(config(max_body_bytes=1 << 20)) as client:
         with pytest.raises(BodyTooLargeError) as caught:
             await client.post(engine.url, "/rollout/generate", {}, request_id="big", into=into)
-        assert client.stats.bytes_received == 0
-        assert client.stats.attempts == 1
+        assert client.statistics().bytes_received == 0
+        assert client.statistics().attempts == 1
     assert into.sizes == []
     err = caught.value
     assert (err.url, err.request_id) == (engine.url, "big")
@@ -194,7 +193,7 @@ async def test_body_without_length_over_the_limit_is_refused_while_reading(
     async with EngineClient(config(max_body_bytes=1 << 20, read_chunk_bytes=64 << 10)) as client:
         with pytest.raises(BodyTooLargeError, match="without Content-Length"):
             await client.post(engine.url, "/generate", {}, into=into)
-        assert client.stats.bytes_received <= (1 << 20) + (64 << 10)
+        assert client.statistics().bytes_received <= (1 << 20) + (64 << 10)
     assert into.sizes == []
 
 
@@ -241,7 +240,11 @@ async def test_500_is_not_retried(engine: ScriptedEngine) -> None:
     async with EngineClient(config()) as client:
         with pytest.raises(EngineStatusError) as caught:
             await client.post(engine.url, "/rollout/generate", {"seed": 3}, request_id="r500")
-        assert (client.stats.attempts, client.stats.retries, client.stats.failures) == (1, 0, 1)
+        assert (
+            client.statistics().attempts,
+            client.statistics().retries,
+            client.statistics().failures,
+        ) == (1, 0, 1)
     err = caught.value
     assert engine.count("/rollout/generate") == 1
     assert (err.status, err.retryable, err.url, err.request_id) == (500, False, engine.url, "r500")
@@ -255,7 +258,7 @@ async def test_503_503_200_succeeds_after_two_retries(engine: ScriptedEngine) ->
     engine.script("/rollout/generate", Reply(503, b"warming up"), Reply(503), Reply(body=b"ok"))
     async with EngineClient(config()) as client:
         raw = await client.post(engine.url, "/rollout/generate", {"seed": 1})
-        stats = client.stats
+        stats = client.statistics()
     assert raw.body == b"ok"
     assert engine.count("/rollout/generate") == 3
     assert (stats.requests, stats.attempts, stats.retries, stats.failures) == (1, 3, 2, 0)
@@ -266,7 +269,7 @@ async def test_connection_refused_raises_unavailable_after_max_attempts(refused_
     async with EngineClient(config()) as client:
         with pytest.raises(EngineUnavailableError) as caught:
             await client.post(refused_url, "/generate", {}, request_id="r-refused")
-        assert (client.stats.attempts, client.stats.retries) == (3, 2)
+        assert (client.statistics().attempts, client.statistics().retries) == (3, 2)
     assert (caught.value.url, caught.value.request_id) == (refused_url, "r-refused")
     assert isinstance(caught.value.__cause__, Exception)
 
@@ -358,7 +361,7 @@ async def test_cancelled_post_leaves_the_client_usable(engine: ScriptedEngine) -
         with anyio.move_on_after(0.05) as scope:
             await client.post(engine.url, "/generate", {})
         assert scope.cancelled_caught
-        assert client.stats.retries == 0
+        assert client.statistics().retries == 0
         assert (await client.post(engine.url, "/generate", {})).body == b"next"
 
 
@@ -442,17 +445,19 @@ async def test_health(engine: ScriptedEngine, refused_url: str) -> None:
         assert await client.health(engine.url) is True
         assert await client.health(engine.url) is False
         assert await client.health(refused_url) is False
-        assert client.stats.retries == 0
+        assert client.statistics().retries == 0
 
 
 # -- lifecycle and configuration ---------------------------------------------------------
 
 
 @pytest.mark.anyio
-async def test_use_after_close_is_refused(engine: ScriptedEngine) -> None:
+async def test_use_outside_the_open_state_is_refused(engine: ScriptedEngine) -> None:
     client = EngineClient(config())
-    assert (await client.post(engine.url, "/health", {})).status == 200
-    await client.aclose()
+    with pytest.raises(ClosedResourceError, match="not open"):
+        await client.post(engine.url, "/health", {})
+    async with client:
+        assert (await client.post(engine.url, "/health", {})).status == 200
     await client.aclose()  # idempotent
     assert client.closed
     with pytest.raises(ClosedResourceError, match="closed") as caught:
@@ -470,7 +475,7 @@ async def test_invalid_url_is_a_config_error() -> None:
     async with EngineClient(config()) as client:
         with pytest.raises(ConfigError, match="invalid engine URL"):
             await client.post("not a url", "/generate", {})
-        assert client.stats.retries == 0
+        assert client.statistics().retries == 0
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,8 @@ import anyio.lowlevel
 import pytest
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.errors import (
     ClosedResourceError,
     ConfigError,
@@ -31,10 +30,15 @@ if sys.version_info < (3, 11):
 
 #: Health rounds so far apart that only the one at start runs during a test.
 QUIET = RouterConfig(
-    health_interval_s=30.0, failure_threshold=2, health_timeout_s=1.0, wait_timeout_s=1.0
+    max_inflight_per_engine=4,
+    health_interval_s=30.0,
+    failure_threshold=2,
+    health_timeout_s=1.0,
+    wait_timeout_s=1.0,
 )
 #: Health rounds every 20 ms.
 BUSY = RouterConfig(
+    max_inflight_per_engine=4,
     health_interval_s=0.02,
     failure_threshold=2,
     health_timeout_s=0.5,
@@ -118,7 +122,7 @@ async def test_ties_go_round_robin(engines: list[ScriptedEngine], client: Engine
             async with router.lease() as url:
                 picked.append(url)
     assert picked == urls + urls
-    assert [state.leases for state in router.stats().engines] == [2, 2, 2]
+    assert [state.leases for state in router.statistics().engines] == [2, 2, 2]
 
 
 @pytest.mark.anyio
@@ -139,7 +143,7 @@ async def test_engine_leaves_rotation_after_threshold_failures_in_a_row(
         for _ in range(4):
             async with router.lease() as url:
                 assert url != a
-        state = router.stats().engines[0]
+        state = router.statistics().engines[0]
         assert (state.healthy, state.failures, state.removals) == (False, 3, 1)
 
 
@@ -158,18 +162,18 @@ async def test_only_errors_about_a_failing_engine_count(
         with pytest.raises(ValueError):
             async with router.lease():
                 raise ValueError("a bug in the caller")
-        assert router.stats().engines[0].failures == 0
+        assert router.statistics().engines[0].failures == 0
         with pytest.raises(ExceptionGroup):
             async with router.lease() as url:
                 raise ExceptionGroup(
                     "tasks", [ValueError("x"), EngineUnavailableError("down", url=url)]
                 )
-        assert router.stats().engines[0].consecutive_failures == 1
+        assert router.statistics().engines[0].consecutive_failures == 1
         with anyio.CancelScope() as scope:
             async with router.lease():
                 scope.cancel()
                 await anyio.sleep(1)
-        assert router.stats().engines[0].consecutive_failures == 1
+        assert router.statistics().engines[0].consecutive_failures == 1
         assert router.in_flight(a) == 0
 
 
@@ -188,7 +192,7 @@ async def test_removed_engine_comes_back_when_its_health_passes(
                 assert url == well.url
         sick.defaults["/health"] = Reply(200)
         await wait_until(lambda: router.healthy_urls == (sick.url, well.url))
-        state = router.stats().engines[0]
+        state = router.statistics().engines[0]
         assert (state.removals, state.readmissions, state.consecutive_failures) == (1, 1, 0)
 
 
@@ -217,7 +221,9 @@ async def test_all_down_lease_waits_then_errors(
 ) -> None:
     for engine in engines:
         engine.defaults["/health"] = Reply(503)
-    config = RouterConfig(health_interval_s=0.02, failure_threshold=1, wait_timeout_s=0.1)
+    config = RouterConfig(
+        max_inflight_per_engine=4, health_interval_s=0.02, failure_threshold=1, wait_timeout_s=0.1
+    )
     urls = urls_of(engines)
     async with Router(urls, client, config) as router:
         await wait_until(lambda: router.healthy_urls == ())
@@ -225,7 +231,7 @@ async def test_all_down_lease_waits_then_errors(
             async with router.lease():
                 pass
         assert all(url in str(caught.value) for url in urls)
-        assert (router.stats().waits, router.stats().wait_timeouts) == (1, 1)
+        assert (router.statistics().waits, router.statistics().wait_timeouts) == (1, 1)
 
 
 @pytest.mark.anyio
@@ -235,7 +241,11 @@ async def test_waiting_lease_gets_the_engine_that_comes_back(
     engine = engines[0]
     engine.defaults["/health"] = Reply(503)
     config = RouterConfig(
-        health_interval_s=0.02, failure_threshold=1, wait_timeout_s=3.0, readmit_cooldown_s=0.0
+        max_inflight_per_engine=4,
+        health_interval_s=0.02,
+        failure_threshold=1,
+        wait_timeout_s=3.0,
+        readmit_cooldown_s=0.0,
     )
     got: list[str] = []
 
@@ -247,7 +257,7 @@ async def test_waiting_lease_gets_the_engine_that_comes_back(
         await wait_until(lambda: router.healthy_urls == ())
         async with anyio.create_task_group() as tg:
             tg.start_soon(take)
-            await wait_until(lambda: router.stats().waits == 1)
+            await wait_until(lambda: router.statistics().waits == 1)
             assert got == []
             engine.defaults["/health"] = Reply(200)
     assert got == [engine.url]
@@ -259,11 +269,11 @@ async def test_health_loop_stops_on_exit(
 ) -> None:
     engine = engines[0]
     router = Router([engine.url], client, BUSY)
-    with pytest.raises(ClosedResourceError, match="not running"):
+    with pytest.raises(ClosedResourceError, match="not open"):
         async with router.lease():
             pass
     async with router:
-        await wait_until(lambda: router.stats().health_rounds >= 2)
+        await wait_until(lambda: router.statistics().health_rounds >= 2)
         assert any("router health loop" in task.get_name() for task in asyncio.all_tasks())
     assert not any("router health loop" in task.get_name() for task in asyncio.all_tasks())
     probes = engine.count("/health")
@@ -316,8 +326,16 @@ async def test_unreachable_engine_is_removed_by_the_health_loop(
     ],
 )
 def test_router_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
+    fields: dict[str, object] = {"max_inflight_per_engine": 4, field: value}
     with pytest.raises(ConfigError, match=field):
-        RouterConfig(**{field: value})  # type: ignore[arg-type]
+        RouterConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_the_in_flight_bound_has_no_silent_default() -> None:
+    # A text engine takes hundreds of requests, a diffusion engine a few: no one default
+    # fits both, so the router's own config has none (the rollout configs carry one).
+    with pytest.raises(TypeError, match="max_inflight_per_engine"):
+        RouterConfig()  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
@@ -326,11 +344,11 @@ def test_router_config_rejects_bad_values_naming_the_field(field: str, value: ob
 )
 def test_router_rejects_bad_urls(urls: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        Router(urls, EngineClient())
+        Router(urls, EngineClient(), BUSY)
 
 
 def test_router_and_client_can_be_made_outside_the_event_loop() -> None:
-    router = Router(["http://a:1", "http://b:2"], EngineClient())
+    router = Router(["http://a:1", "http://b:2"], EngineClient(), BUSY)
     assert router.urls == router.healthy_urls == ("http://a:1", "http://b:2")
     assert router.in_flight("http://a:1") == 0
     with pytest.raises(KeyError, match="not one of"):

@@ -67,7 +67,7 @@ async def test_when_an_engine_leaves_the_rotation_the_others_keep_their_bound(
             await anyio.sleep(0.05)
             # Four slots on the two healthy engines; the fifth lease waits (no error).
             assert held == 4
-            assert sorted(e.in_flight for e in router.stats().engines) == [0, 2, 2]
+            assert sorted(e.in_flight for e in router.statistics().engines) == [0, 2, 2]
             release.set()
             await wait_until(lambda: held == 5)
 
@@ -78,7 +78,7 @@ async def test_leases_waiting_for_a_slot_fail_together_when_every_engine_leaves(
     one = urls_of(engines)[:1]
     config = dataclasses.replace(BOUND, max_inflight_per_engine=1, wait_timeout_s=0.3)
     async with Router(one, client, config) as router:
-        await wait_until(lambda: router.stats().health_rounds >= 1)
+        await wait_until(lambda: router.statistics().health_rounds >= 1)
         failures: list[float] = []
 
         async def waiter() -> None:

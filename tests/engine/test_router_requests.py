@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineStatusError, EngineTimeoutError, EngineUnavailableError
 from tests.engine.engine_fakes import Reply, ScriptedEngine
@@ -88,7 +88,7 @@ async def test_refused_connections_move_to_the_live_engine(
 ) -> None:
     live = engines[0]
     live.defaults["/generate"] = Reply(200, b"{}", JSON)
-    config = QUIET.__class__(health_interval_s=60.0, failure_threshold=100, wait_timeout_s=1.0)
+    config = dataclasses.replace(QUIET, failure_threshold=100, wait_timeout_s=1.0)
     async with Router([refused_url, live.url], client, config) as router:
         served = [(await router.post("/generate", {})).url for _ in range(6)]
     assert served == [live.url] * 6

@@ -14,9 +14,8 @@ import anyio
 import pytest
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.errors import EngineTimeoutError
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
 from tests.engine.test_router import wait_until
@@ -25,6 +24,7 @@ pytestmark = pytest.mark.anyio
 
 #: Probes every 20 ms: many passing probes land between two failed requests.
 CONFIG = RouterConfig(
+    max_inflight_per_engine=4,
     health_interval_s=0.02,
     failure_threshold=2,
     health_timeout_s=0.5,
@@ -75,7 +75,7 @@ async def test_request_timeouts_take_out_an_engine_whose_health_passes(
         assert router.healthy_urls == ()
         # A read timeout is never re-sent: one request per call reached the engine.
         assert hung.count("/generate") == 2
-        state = router.stats().engines[0]
+        state = router.statistics().engines[0]
         assert (state.removals, state.readmissions) == (1, 0)
 
 
@@ -96,4 +96,4 @@ async def test_a_removed_engine_is_let_back_only_after_the_cooldown(
             assert answer.url == well.url
         await wait_until(lambda: hung.url in router.healthy_urls, timeout_s=5.0)
         assert anyio.current_time() - removed_at >= CONFIG.readmit_cooldown_s - 0.05
-        assert router.stats().engines[0].readmissions == 1
+        assert router.statistics().engines[0].readmissions == 1

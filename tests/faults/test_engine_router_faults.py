@@ -11,9 +11,8 @@ import anyio
 import pytest
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.errors import EngineError, EngineUnavailableError
 from miles_lite.testing import StandInConfig, StandInEngine
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
@@ -97,7 +96,7 @@ async def test_an_engine_killed_mid_rollout_loses_nothing_that_never_reached_it(
     doomed_runner = await start_engine(doomed)
     live_runner = await start_engine(live)
     # Probes far apart: the dead engine stays in rotation; only retries elsewhere save it.
-    config = RouterConfig(health_interval_s=60.0, failure_threshold=100)
+    config = RouterConfig(max_inflight_per_engine=4, health_interval_s=60.0, failure_threshold=100)
     served: list[str] = []
     try:
         async with Router([doomed.url, live.url], client, config) as router:
@@ -118,7 +117,7 @@ async def test_errors_name_the_engine_and_the_request_id(client: EngineClient) -
     engine.defaults["/generate"] = Reply(400, b"bad sampling params")
     runner = await start_engine(engine)
     try:
-        async with Router([engine.url], client, RouterConfig()) as router:
+        async with Router([engine.url], client, RouterConfig(max_inflight_per_engine=4)) as router:
             with pytest.raises(EngineError) as caught:
                 await router.post("/generate", {}, request_id="0123abcd")
     finally:

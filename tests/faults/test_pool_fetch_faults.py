@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -11,10 +12,11 @@ import torch
 from anyio.abc import SocketStream
 
 from miles_lite.codecs.tensors import decode_to_tensors
+from miles_lite.engine._errors import Timeouts
+from miles_lite.engine.blocking import BlockingRequest
 from miles_lite.errors import ConfigError, EngineProtocolError, EngineTimeoutError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
-from miles_lite.pools.parser_worker import FetchRequest
 from tests.pools.bodies import CTYPE, body
 
 pytestmark = pytest.mark.anyio
@@ -64,15 +66,16 @@ async def serve(handler, task_group) -> str:  # type: ignore[no-untyped-def]
     return f"http://127.0.0.1:{port}"
 
 
-def request(url: str, seed: int, **kw: object) -> FetchRequest:
-    return FetchRequest(
+def request(
+    url: str, seed: int, *, timeout_s: float = 5.0, read_timeout_s: float | None = None
+) -> BlockingRequest:
+    return BlockingRequest(
         url=url,
         path="/rollout/generate",
-        payload={"seed": seed},
+        body=json.dumps({"seed": seed}).encode(),
         request_id=f"r-{seed}",
-        timeout_s=kw.pop("timeout_s", 5.0),  # type: ignore[arg-type]
+        timeouts=Timeouts(connect_s=5.0, read_s=read_timeout_s, total_s=timeout_s),
         max_body_bytes=1 << 20,
-        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -109,7 +112,7 @@ async def test_an_answer_with_another_sample_count_is_refused(parser: ParserPool
     async with anyio.create_task_group() as tg:
         url = await serve(handler, tg)
         with pytest.raises(EngineProtocolError, match=r"3 samples.*asked for 2"):
-            await parser.fetch(request(url, 1, expected_items=2))
+            await parser.fetch(request(url, 1), expected_items=2)
         assert parser.arena is not None and parser.arena.used_bytes == 0
         tg.cancel_scope.cancel()
 

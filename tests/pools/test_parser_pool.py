@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 
@@ -9,10 +10,11 @@ import torch
 from aiohttp import web
 
 from miles_lite.codecs.tensors import decode_to_tensors
+from miles_lite.engine._errors import Timeouts
+from miles_lite.engine.blocking import BlockingRequest
 from miles_lite.errors import CodecError, EngineProtocolError, EngineStatusError, WorkerCrashedError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
-from miles_lite.pools.parser_worker import FetchRequest
 from tests.garbage import collect_garbage
 from tests.pools.bodies import CTYPE, body
 
@@ -104,13 +106,13 @@ async def server() -> AsyncIterator[Server]:
     await runner.cleanup()
 
 
-def fetch(srv: Server, seed: int) -> FetchRequest:
-    return FetchRequest(
+def fetch(srv: Server, seed: int) -> BlockingRequest:
+    return BlockingRequest(
         url=srv.url,
         path="/rollout/generate",
-        payload={"seed": seed},
+        body=json.dumps({"seed": seed}).encode(),
         request_id=f"r-{seed}",
-        timeout_s=5,
+        timeouts=Timeouts(connect_s=5.0, read_s=None, total_s=5.0),
         max_body_bytes=1 << 20,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -13,8 +14,9 @@ import anyio
 import pytest
 from aiohttp import web
 
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.errors import ClosedResourceError, ConfigError, RewardError
-from miles_lite.rewards.api_scorer import ApiScorer, ApiScorerStatistics
+from miles_lite.rewards.api_scorer import DEFAULT_CLIENT, ApiScorer, ApiScorerStatistics
 from miles_lite.types import Sample
 
 pytestmark = pytest.mark.anyio
@@ -76,6 +78,15 @@ async def serve(server: ScoreServer) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+def client(*, retries: int = 2, **fields: Any) -> EngineClientConfig:
+    """The default client config with ``retries`` immediate retries and other ``fields``."""
+    return dataclasses.replace(
+        DEFAULT_CLIENT,
+        retry=RetryPolicy(max_attempts=retries + 1, backoff_initial_s=0.0, backoff_max_s=0.0),
+        **fields,
+    )
+
+
 def samples(*indices: int) -> list[Sample]:
     return [
         Sample(index=i, prompt=f"prompt {i}", response=f"answer {i}", label=i % 2) for i in indices
@@ -118,7 +129,7 @@ async def test_never_more_than_max_concurrency_requests_in_flight() -> None:
         async with anyio.create_task_group() as tg:
             for i in range(12):
                 tg.start_soon(one, i)
-        stats = scorer.stats()
+        stats = scorer.statistics()
     assert server.max_in_flight == 3
     assert results == {i: [i / 10] for i in range(12)}
     assert stats == ApiScorerStatistics(
@@ -132,19 +143,17 @@ async def test_calls_one_after_another_never_queue() -> None:
     async with serve(server) as url, ApiScorer(url, max_concurrency=2) as scorer:
         for i in range(3):
             await scorer.score(samples(i))
-        stats = scorer.stats()
-        scorer.reset_stats()
-        assert scorer.stats().calls == 0
+        stats = scorer.statistics()
     assert (stats.calls, stats.max_queue_depth, stats.max_waiting) == (3, 0, 0)
 
 
 @pytest.mark.parametrize("status", [400, 404, 500])
 async def test_an_error_status_is_a_reward_error_naming_url_and_samples(status: int) -> None:
     server = ScoreServer(statuses=[status])
-    async with serve(server) as url, ApiScorer(url, retry_backoff_s=0) as scorer:
+    async with serve(server) as url, ApiScorer(url, client=client()) as scorer:
         with pytest.raises(RewardError) as info:
             await scorer.score(samples(3, 4))
-        assert scorer.stats().failures == 1
+        assert scorer.statistics().failures == 1
     assert server.hits == 1  # not retried
     assert info.value.url == url
     assert url in str(info.value)
@@ -155,15 +164,15 @@ async def test_an_error_status_is_a_reward_error_naming_url_and_samples(status: 
 
 async def test_503_is_retried_then_succeeds() -> None:
     server = ScoreServer(statuses=[503, 503, 200])
-    async with serve(server) as url, ApiScorer(url, max_retries=2, retry_backoff_s=0) as scorer:
+    async with serve(server) as url, ApiScorer(url, client=client(retries=2)) as scorer:
         assert await scorer.score(samples(5)) == [0.5]
-        assert scorer.stats().retries == 2
+        assert scorer.statistics().retries == 2
     assert server.hits == 3
 
 
 async def test_503_retries_are_bounded() -> None:
     server = ScoreServer(statuses=[503] * 10)
-    async with serve(server) as url, ApiScorer(url, max_retries=2, retry_backoff_s=0) as scorer:
+    async with serve(server) as url, ApiScorer(url, client=client(retries=2)) as scorer:
         with pytest.raises(RewardError, match=r"HTTP 503 .*after 2 retries") as info:
             await scorer.score(samples(0))
     assert server.hits == 3
@@ -175,17 +184,20 @@ async def test_a_refused_connection_is_retried_then_a_reward_error() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/score"
-    async with ApiScorer(url, max_retries=1, retry_backoff_s=0) as scorer:
+    async with ApiScorer(url, client=client(retries=1)) as scorer:
         with pytest.raises(RewardError, match="unreachable") as info:
             await scorer.score(samples(2))
-        assert scorer.stats().retries == 1
+        assert scorer.statistics().retries == 1
     assert info.value.url == url
 
 
 async def test_a_timeout_is_not_retried() -> None:
     server = ScoreServer(delay_s=0.5)
-    async with serve(server) as url, ApiScorer(url, timeout_s=0.1, max_retries=3) as scorer:
-        with pytest.raises(RewardError, match=r"timeout_s=0\.1"):
+    async with (
+        serve(server) as url,
+        ApiScorer(url, client=client(retries=3, total_timeout_s=0.1)) as scorer,
+    ):
+        with pytest.raises(RewardError, match="within its timeout"):
             await scorer.score(samples(0))
     assert server.hits == 1
 
@@ -212,8 +224,8 @@ async def test_a_malformed_answer_is_a_reward_error(server: ScoreServer, needle:
 
 async def test_an_answer_over_the_size_limit_is_refused() -> None:
     server = ScoreServer(answer=lambda body: {"scores": [0.0], "padding": "x" * 5000})
-    async with serve(server) as url, ApiScorer(url, max_response_bytes=1000) as scorer:
-        with pytest.raises(RewardError, match="max_response_bytes=1000"):
+    async with serve(server) as url, ApiScorer(url, client=client(max_body_bytes=1000)) as scorer:
+        with pytest.raises(RewardError, match="max_body_bytes=1000"):
             await scorer.score(samples(0))
 
 
@@ -249,6 +261,8 @@ async def test_a_closed_scorer_refuses_calls() -> None:
     server = ScoreServer()
     async with serve(server) as url:
         scorer = ApiScorer(url)
+        with pytest.raises(ClosedResourceError, match="not open"):
+            await scorer.score(samples(0))
         async with scorer:
             await scorer.score(samples(0))
         await scorer.aclose()  # idempotent
@@ -264,9 +278,8 @@ async def test_a_closed_scorer_refuses_calls() -> None:
     [
         ({"url": "rm:8000/score"}, "url"),
         ({"max_concurrency": 0}, "max_concurrency"),
-        ({"timeout_s": 0}, "timeout_s"),
-        ({"max_retries": -1}, "max_retries"),
-        ({"max_response_bytes": 0}, "max_response_bytes"),
+        ({"max_concurrency": True}, "max_concurrency"),
+        ({"client": {"total_timeout_s": 1}}, "client"),
     ],
 )
 def test_bad_options_raise_config_error(kwargs: dict[str, Any], field: str) -> None:
@@ -290,7 +303,7 @@ async def test_a_cancelled_call_frees_its_slot() -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(scorer.score, samples(0))
                 tg.start_soon(scorer.score, samples(1))  # waits for the slot
-        stats = scorer.stats()
+        stats = scorer.statistics()
         assert (stats.in_flight, stats.waiting, stats.max_waiting) == (0, 0, 1)
         server.delay_s = 0.0
         assert await scorer.score(samples(2)) == [0.2]
@@ -312,7 +325,9 @@ async def test_headers_query_and_any_2xx_reach_and_come_back() -> None:
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/score?model=rm"
     try:
-        async with ApiScorer(url, headers={"Authorization": "Bearer t0k"}) as scorer:
+        async with ApiScorer(
+            url, client=client(headers=(("Authorization", "Bearer t0k"),))
+        ) as scorer:
             assert await scorer.score(samples(1, 2)) == [1.0, 1.0]
     finally:
         await runner.cleanup()
@@ -332,10 +347,10 @@ async def test_a_connection_reset_after_sending_is_not_retried() -> None:
     server = await asyncio.start_server(reset, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/score"
     try:
-        async with ApiScorer(url, max_retries=3, retry_backoff_s=0) as scorer:
+        async with ApiScorer(url, client=client(retries=3)) as scorer:
             with pytest.raises(RewardError) as info:
                 await scorer.score(samples(4))
-            assert scorer.stats().retries == 0
+            assert scorer.statistics().retries == 0
     finally:
         server.close()
         await server.wait_closed()

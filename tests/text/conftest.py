@@ -12,9 +12,8 @@ import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
-from miles_lite.engine.router import Router, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
 from miles_lite.testing import TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextState
 

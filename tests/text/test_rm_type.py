@@ -8,8 +8,7 @@ import anyio
 import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.retry import RetryPolicy
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.rewards.text_rewards import dapo_reward, math_reward
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine

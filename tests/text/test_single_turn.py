@@ -213,8 +213,7 @@ async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer:
     import anyio
 
     from miles_lite.engine.client import EngineClient
-    from miles_lite.engine.config import EngineClientConfig
-    from miles_lite.engine.retry import RetryPolicy
+    from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
     from miles_lite.engine.router import Router
     from miles_lite.testing import TextStandInEngine
     from miles_lite.text.context import TextState
@@ -229,7 +228,7 @@ async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer:
     try:
         async with (
             EngineClient(EngineClientConfig(retry=retry)) as client,
-            Router([dead, engine.url], client) as router,
+            Router([dead, engine.url], client, RouterConfig(max_inflight_per_engine=4)) as router,
         ):
             state = TextState(tokenizer=tokenizer, router=router)
             attempts = 0

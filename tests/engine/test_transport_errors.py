@@ -1,7 +1,8 @@
-"""Every exception aiohttp exports is translated, and to the right miles_lite error.
+"""Every failure of either transport is translated, once, to the right miles_lite error.
 
 In the style of httpx's exported-exceptions test: a new aiohttp exception class that the
-translation would let through raw fails here, not in a user's rollout.
+translation would let through raw fails here, not in a user's rollout. Only failures
+where nothing reached the engine are retryable, whichever transport saw them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from miles_lite.engine._errors import Attempt, Progress, translated
+from miles_lite.engine._errors import NEVER_SENT, Attempt, Failure, Timeouts, engine_error
+from miles_lite.engine.transport import _translated as translated
 from miles_lite.errors import (
     ConfigError,
     EngineProtocolError,
@@ -31,12 +33,7 @@ NOT_RAISED_BY_REQUESTS = {
 }
 
 WHERE = Attempt(
-    "POST",
-    "http://127.0.0.1:1",
-    "/generate",
-    "rid-1",
-    aiohttp.ClientTimeout(total=5, sock_read=1, sock_connect=1),
-    Progress(),
+    "POST", "http://127.0.0.1:1", "/generate", "rid-1", Timeouts(connect_s=1, read_s=1, total_s=5)
 )
 
 
@@ -107,3 +104,18 @@ def test_each_kind_maps_to_its_error_and_retryability(
 def test_other_errors_pass_through_untouched() -> None:
     with pytest.raises(KeyError), translated(WHERE):
         raise KeyError("allocator")
+
+
+@pytest.mark.parametrize("failure", list(Failure))
+def test_only_what_never_reached_the_engine_is_retryable(failure: Failure) -> None:
+    error = engine_error(failure, WHERE, "detail")
+    assert (error.url, error.request_id) == (WHERE.url, "rid-1")
+    assert error.retryable is (failure in NEVER_SENT)
+    assert {Failure.UNREACHABLE, Failure.CONNECT_TIMEOUT, Failure.NOT_SENT} == NEVER_SENT
+
+
+def test_no_error_class_is_retryable_by_default() -> None:
+    # The default errs toward not sending twice: a transport that forgets to say
+    # "nothing was sent" gets a non-retryable error.
+    for cls in (EngineUnavailableError, EngineTimeoutError, EngineProtocolError):
+        assert cls("x").retryable is False

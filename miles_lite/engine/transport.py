@@ -1,0 +1,374 @@
+"""The seam between the engine client and HTTP: one exchange at a time, errors translated.
+
+:class:`AsyncTransport` sends one request and gives back a :class:`ResponseStream` whose
+body is read piece by piece; every failure arrives already translated
+(:mod:`miles_lite.engine._errors`). :class:`AiohttpTransport` is the real one;
+:class:`MockTransport` answers from a handler function, for unit tests of the client and
+the router without a server (httpx's ``MockTransport``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+import anyio
+
+from miles_lite.engine._errors import Attempt, Failure, engine_error
+from miles_lite.engine.config import EngineClientConfig
+
+__all__ = [
+    "AiohttpTransport",
+    "AsyncTransport",
+    "MockFailure",
+    "MockResponse",
+    "MockTransport",
+    "Request",
+    "ResponseStream",
+    "classify_aiohttp",
+]
+
+#: Longest time aclose() waits for the session's connections to close, in seconds.
+_CLOSE_TIMEOUT_S = 5.0
+# identity: Content-Length must be the body's size, and compressed bodies would need a
+# decompression pass on the loop.
+_GET_HEADERS = {"Accept-Encoding": "identity"}
+_JSON_HEADERS = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request as a transport sends it: ``attempt`` names it in errors; ``body`` is
+    JSON bytes (``None``: no body, a GET)."""
+
+    attempt: Attempt
+    body: bytes | None = None
+
+    @property
+    def method(self) -> str:
+        return self.attempt.method
+
+    @property
+    def url(self) -> str:
+        return self.attempt.url
+
+    @property
+    def path(self) -> str:
+        return self.attempt.path
+
+
+class ResponseStream(Protocol):
+    """An answer whose headers arrived; its body is read with :meth:`read`."""
+
+    @property
+    def status(self) -> int:
+        """The HTTP status."""
+        ...
+
+    @property
+    def reason(self) -> str:
+        """The status line's reason phrase."""
+        ...
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The response headers (case-insensitive)."""
+        ...
+
+    @property
+    def content_type(self) -> str:
+        """The media type without parameters."""
+        ...
+
+    @property
+    def content_length(self) -> int | None:
+        """The Content-Length, or None."""
+        ...
+
+    async def read(self, n: int) -> bytes:
+        """At most ``n`` body bytes already received (``b""`` at the end); raises
+        translated errors (a truncated body, a read timeout)."""
+        ...
+
+    def release(self) -> None:
+        """The body was read whole: the connection may serve another request."""
+        ...
+
+    def close(self) -> None:
+        """The body was not read whole: drop the connection."""
+        ...
+
+
+class AsyncTransport(Protocol):
+    """Sends one request; every failure comes out as a miles_lite error, translated once."""
+
+    async def send(self, request: Request) -> ResponseStream:
+        """Send ``request`` and return once the answer's headers are in."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every connection (shielded, bounded). Idempotent."""
+        ...
+
+
+def classify_aiohttp(exc: BaseException) -> tuple[Failure, str] | None:
+    """What an aiohttp exception means (:class:`Failure`) and a few words of it; ``None``
+    for anything that is not aiohttp's (cancellation, the allocator's errors)."""
+    detail = f"{type(exc).__name__}: {exc}"
+    # aiohttp's timeouts (ServerTimeoutError and its connect/read kinds) subclass
+    # asyncio.TimeoutError; they must be matched before ClientConnectionError.
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return Failure.CONNECT_TIMEOUT, detail
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return Failure.READ_TIMEOUT, detail
+    if isinstance(exc, asyncio.TimeoutError):
+        return Failure.TOTAL_TIMEOUT, detail
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return Failure.TRUNCATED, detail
+    if isinstance(exc, aiohttp.InvalidURL):
+        return Failure.INVALID_URL, detail
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Failure.UNREACHABLE, detail
+    if isinstance(exc, aiohttp.ClientConnectionError):
+        # aiohttp (3.9 to 3.14) raises this ClientOSError, and only this one, when writing
+        # the request body fails; matched by its text because it has no type of its own.
+        if isinstance(exc, aiohttp.ClientOSError) and str(exc.strerror or "").startswith(
+            "Can not write request body"
+        ):
+            return Failure.NOT_SENT, detail
+        return Failure.DROPPED, detail
+    if isinstance(exc, aiohttp.ClientError):
+        return Failure.MALFORMED, detail
+    return None
+
+
+@contextmanager
+def _translated(attempt: Attempt) -> Iterator[None]:
+    try:
+        yield
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        kind = classify_aiohttp(exc)
+        if kind is None:  # pragma: no cover - every ClientError is classified
+            raise
+        raise engine_error(kind[0], attempt, kind[1]) from exc
+
+
+class _AiohttpStream:
+    __slots__ = ("_attempt", "_response")
+
+    def __init__(self, response: aiohttp.ClientResponse, attempt: Attempt) -> None:
+        self._response = response
+        self._attempt = attempt
+
+    @property
+    def status(self) -> int:
+        return self._response.status
+
+    @property
+    def reason(self) -> str:
+        return self._response.reason or ""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._response.headers
+
+    @property
+    def content_type(self) -> str:
+        return self._response.content_type
+
+    @property
+    def content_length(self) -> int | None:
+        return self._response.content_length
+
+    async def read(self, n: int) -> bytes:
+        with _translated(self._attempt):
+            return await self._response.content.read(n)
+
+    def release(self) -> None:
+        self._response.release()
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class AiohttpTransport:
+    """The real transport: one aiohttp session with the client config's connection limits,
+    read buffer and headers, made on first use inside the running event loop."""
+
+    def __init__(self, config: EngineClientConfig) -> None:
+        self._config = config
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            config = self._config
+            connector = aiohttp.TCPConnector(
+                limit=config.max_connections, limit_per_host=config.max_connections_per_host
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                read_bufsize=config.read_chunk_bytes,
+                raise_for_status=False,
+                trust_env=False,
+                headers=dict(config.headers),
+            )
+        return self._session
+
+    async def send(self, request: Request) -> ResponseStream:
+        """Send ``request``; the answer once its headers are in (see :class:`AsyncTransport`)."""
+        session = self._open_session()
+        attempt = request.attempt
+        timeouts = attempt.timeouts
+        # sock_connect, not connect: aiohttp's `connect` also counts the wait for a free
+        # pooled connection, which under load is queueing, not an engine failure.
+        timeout = aiohttp.ClientTimeout(
+            total=timeouts.total_s, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
+        )
+        with _translated(attempt):
+            response = await session.request(
+                attempt.method,
+                _join(attempt.url, attempt.path),
+                data=request.body,
+                headers=_GET_HEADERS if request.body is None else _JSON_HEADERS,
+                timeout=timeout,
+                allow_redirects=False,
+            )
+        return _AiohttpStream(response, attempt)
+
+    async def aclose(self) -> None:
+        """Close the session and its connections (shielded, at most 5 s)."""
+        session, self._session = self._session, None
+        if session is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
+                await session.close()
+
+
+def _join(url: str, path: str) -> str:
+    if not path:
+        return url
+    return url.rstrip("/") + "/" + path.lstrip("/")
+
+
+# -- the mock ------------------------------------------------------------------------------
+
+
+class MockFailure(Exception):
+    """Raised by a :class:`MockTransport` handler to make the exchange fail as ``failure``
+    says (before any answer: refused, a timeout after sending, a dropped connection)."""
+
+    def __init__(self, failure: Failure, detail: str = "mock failure") -> None:
+        super().__init__(detail)
+        self.failure = failure
+        self.detail = detail
+
+
+@dataclass
+class MockResponse:
+    """What a :class:`MockTransport` handler answers: ``status``, ``body``, headers.
+
+    ``content_length`` defaults to the body's size (``None``: no Content-Length, as a
+    chunked answer). ``fail_after``: the body breaks after that many bytes, with
+    ``failure`` (a truncated body, a read timeout).
+    """
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    content_length: int | None = -1
+    fail_after: int | None = None
+    failure: Failure = Failure.TRUNCATED
+
+    @classmethod
+    def json(cls, payload: object, status: int = 200) -> MockResponse:
+        """An answer holding ``payload`` as JSON."""
+        from miles_lite._core import json as _json
+
+        return cls(status=status, body=_json.dumps(payload, strict=False))
+
+
+Handler = Callable[[Request], "MockResponse | Awaitable[MockResponse]"]
+
+
+class _MockStream:
+    def __init__(self, response: MockResponse, attempt: Attempt) -> None:
+        self._response = response
+        self._attempt = attempt
+        self._pos = 0
+        length = response.content_length
+        self._length = len(response.body) if length == -1 else length
+
+    @property
+    def status(self) -> int:
+        return self._response.status
+
+    @property
+    def reason(self) -> str:
+        return "mock"
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        headers = {"Content-Type": self._response.content_type, **self._response.headers}
+        if self._length is not None:
+            headers["Content-Length"] = str(self._length)
+        return headers
+
+    @property
+    def content_type(self) -> str:
+        return self._response.content_type
+
+    @property
+    def content_length(self) -> int | None:
+        return self._length
+
+    async def read(self, n: int) -> bytes:
+        await anyio.lowlevel.checkpoint()
+        response = self._response
+        end = min(len(response.body), self._pos + n)
+        if response.fail_after is not None and end > response.fail_after:
+            if self._pos >= response.fail_after:
+                raise engine_error(response.failure, self._attempt, "mock failure")
+            end = response.fail_after
+        chunk = response.body[self._pos : end]
+        self._pos = end
+        return chunk
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MockTransport:
+    """A transport answering from ``handler(request)`` (sync or async), without a socket.
+
+    ``requests`` lists every request the handler saw (what "the engine received").
+    A handler raising :class:`MockFailure` makes the exchange fail as that failure.
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self.requests: list[Request] = []
+
+    async def send(self, request: Request) -> ResponseStream:
+        """Answer ``request`` from the handler (see the class docstring)."""
+        await anyio.lowlevel.checkpoint()
+        self.requests.append(request)
+        try:
+            answer = self._handler(request)
+            if inspect.isawaitable(answer):
+                answer = await answer
+        except MockFailure as exc:
+            raise engine_error(exc.failure, request.attempt, exc.detail) from exc
+        assert isinstance(answer, MockResponse)
+        return _MockStream(answer, request.attempt)
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
