@@ -29,9 +29,9 @@ import anyio
 import anyio.to_thread
 import psutil
 
+from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.diffusion.rollout import DiffusionRollout
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
-from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.testing import EngineProcess, StandInConfig
 
 ENGINES = 3
@@ -121,32 +121,29 @@ async def soak(rollouts: int, prompts: int, seed: int) -> dict[str, Any]:
         microgroup_size=2,
         sampling=DiffusionSamplingParams(num_inference_steps=2),
         transport="pool",
-    )
-    client_config = EngineClientConfig(
-        read_timeout_s=20.0,
-        total_timeout_s=60.0,
-        retry=RetryPolicy(max_attempts=4, backoff_initial_s=0.05, backoff_max_s=0.5),
-    )
-    router_config = RouterConfig(
-        max_inflight_per_engine=4,
-        health_interval_s=0.2,
-        failure_threshold=2,
-        wait_timeout_s=10.0,
-        readmit_cooldown_s=0.5,
+        engines=EngineConfig(
+            client=EngineClientConfig(
+                read_timeout_s=20.0,
+                total_timeout_s=60.0,
+                retry=RetryPolicy(max_attempts=4, backoff_initial_s=0.05, backoff_max_s=0.5),
+            ),
+            router=RouterConfig(
+                max_inflight_per_engine=4,
+                health_interval_s=0.2,
+                failure_threshold=2,
+                wait_timeout_s=10.0,
+                readmit_cooldown_s=0.5,
+            ),
+        ),
     )
     rows: list[dict[str, Any]] = []
     worker_kills = 0
     try:
         async with AsyncExitStack() as stack:
             rollout = await stack.enter_async_context(
-                DiffusionRollout.open(
-                    engines.urls,
-                    config=config,
-                    client_config=client_config,
-                    router_config=router_config,
-                )
+                DiffusionRollout.open(engines.urls, config=config)
             )
-            arena = rollout.state.arena
+            arena = rollout.context.arena
             for r in range(rollouts):
                 event = "none"
                 roll = rng.random()

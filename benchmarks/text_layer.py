@@ -61,12 +61,11 @@ from text_mock import MockProcess, output_ids, output_log_prob
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.engine.router import Router
+from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import GenerateFnInput
-from miles_lite.text import single_turn
-from miles_lite.text.context import TextState
-from miles_lite.text.request import check_text_sample
+from miles_lite.text.single_turn import generate as single_turn
 from miles_lite.types import Sample, SampleStatus
 
 HERE = Path(__file__).resolve().parent
@@ -164,12 +163,23 @@ def token_groups(n_requests: int, group: int, prompt_tokens: int) -> list[list[S
     ]
 
 
+def engines(inflight: int) -> EngineConfig:
+    """The layer's engine settings: ``inflight`` requests at the mock, no retries, enough
+    connections for all of them."""
+    return EngineConfig(
+        router=RouterConfig(max_inflight_per_engine=inflight),
+        client=EngineClientConfig(
+            retry=RetryPolicy(max_attempts=1), max_connections=4096, max_connections_per_host=4096
+        ),
+    )
+
+
 def check(samples: list[Sample], n: int, prompt_tokens: int) -> int:
     """Correctness against the mock's ground truth; returns output tokens."""
     want_ids = output_ids(n)
     want_lp = [output_log_prob(i) for i in range(n)]
     for s in samples:
-        check_text_sample(s)
+        s.validate()
         out = s.tokens[prompt_tokens:]
         if out != want_ids or s.rollout_log_probs != want_lp or s.loss_mask != [1] * n:
             raise AssertionError(f"sample {s.index}: ids or log-probs differ from the mock's")
@@ -235,18 +245,12 @@ async def layer_generate(
 ) -> tuple[Measure, list[float]]:
     """The same requests through TextRollout (single turn)."""
     config = TextRolloutConfig(
-        n_samples_per_prompt=4, sampling=TextSamplingParams(max_new_tokens=n)
+        n_samples_per_prompt=4,
+        sampling=TextSamplingParams(max_new_tokens=n),
+        engines=engines(concurrency),
     )
     groups = token_groups(n_requests, 4, prompt_tokens)
-    async with TextRollout.open(
-        [url],
-        tokenizer=tokenizer,
-        config=config,
-        client_config=EngineClientConfig(
-            retry=RetryPolicy(max_attempts=1), max_connections=4096, max_connections_per_host=4096
-        ),
-        router_config=RouterConfig(max_inflight_per_engine=concurrency),
-    ) as rollout:
+    async with TextRollout.open([url], tokenizer=tokenizer, config=config) as rollout:
         async with probe(mode, "") as m:
             result = await rollout.run(groups)
         samples = result.samples
@@ -346,12 +350,12 @@ async def run_chat(
         Router([url], engine_client, router_config) as router,
     ):
         sampling = TextSamplingParams(max_new_tokens=max_tokens)
-        state = TextState(tokenizer=tokenizer, router=router, sampling=sampling)
-        async with SessionServer(state) as server:
+        run = RunContext(0)
+        async with SessionServer(router, sampling) as server:
             ids: dict[str, str] = {}
 
             async def open_one() -> tuple[str, str]:
-                session = await server.open_session()
+                session = await server.open_session(run)
                 ids[session.api_key] = session.id
                 return session.base_url, session.api_key
 
@@ -364,7 +368,7 @@ async def run_chat(
                 assembled += len(records)
                 mismatches += assembly.mismatches
                 for sample in assembly.samples:
-                    check_text_sample(sample)
+                    sample.validate()
 
             layer = await chat_turns(
                 open_one,
@@ -473,7 +477,7 @@ async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
                             break
                         await anyio.sleep(0.01)
             input.sampling_params["max_new_tokens"] = 1
-        return await single_turn.generate(input)
+        return await single_turn(input)
 
     groups = token_groups(inflight + 4, 4, 16)
     config = TextRolloutConfig(
@@ -481,16 +485,10 @@ async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
         sampling=TextSamplingParams(max_new_tokens=n),
         rollout_batch_size=1,
         over_sampling_batch_size=len(groups),
+        engines=engines(inflight + 4),
     )
     async with TextRollout.open(
-        [url],
-        tokenizer=tokenizer,
-        config=config,
-        generate=quick_first,
-        client_config=EngineClientConfig(
-            retry=RetryPolicy(max_attempts=1), max_connections=4096, max_connections_per_host=4096
-        ),
-        router_config=RouterConfig(max_inflight_per_engine=inflight + 4),
+        [url], tokenizer=tokenizer, config=config, generate=quick_first
     ) as rollout:
         async with probe(f"stop@{inflight}", "") as m:
             result = await rollout.run(groups)

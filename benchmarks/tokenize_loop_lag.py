@@ -2,7 +2,7 @@
 
 A probe task sleeps 5 ms in a loop and records how late it wakes; meanwhile ``--prompts``
 long prompts (half plain text, half chat ``messages`` through the Qwen3 chat template)
-are tokenized either on the loop (the blocking way) or through ``TextState.off_loop``
+are tokenized either on the loop (the blocking way) or through ``TextContext.off_loop``
 (worker threads; the Rust tokenizer releases the GIL while it encodes).
 
     python benchmarks/tokenize_loop_lag.py --prompts 8 --words 40000
@@ -19,8 +19,8 @@ import anyio
 import anyio.lowlevel
 
 from miles_lite.testing import load_qwen3_tokenizer
-from miles_lite.text.context import TextState
-from miles_lite.text.request import prompt_ids
+from miles_lite.text.context import TextContext
+from miles_lite.text.tokenize import prompt_ids
 
 
 async def _probe(lags: list[float], done: anyio.Event) -> None:
@@ -45,7 +45,7 @@ def _on_loop(tokenizer: Any, prompt: Any) -> None:
 async def measure(
     mode: str, tokenizer: Any, prompts: list[Any], threads: int = 2
 ) -> dict[str, float]:
-    state = TextState(tokenizer=tokenizer, router=None, tokenize_threads=threads)  # type: ignore[arg-type]
+    state = TextContext(tokenizer=tokenizer, router=None, tokenize_threads=threads)  # type: ignore[arg-type]
     lags: list[float] = []
     done = anyio.Event()
     start = time.perf_counter()

@@ -28,6 +28,7 @@ with the client on this 2-core machine during the measured rollouts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -52,7 +53,7 @@ from miles_lite import (
     Sample,
     run_sync,
 )
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPoolConfig
 from miles_lite.testing import EngineProcessGroup, StandInConfig
@@ -274,16 +275,17 @@ async def run_mode(
     parser = ParserPoolConfig(
         workers=work.parser_workers, arena=ArenaConfig(size_bytes=arena_bytes)
     )
-    async with DiffusionRollout.open(
-        urls,
-        config=work.rollout_config(mode),
+    config = dataclasses.replace(
+        work.rollout_config(mode),
         # One more request queued per slot, as SGLang's scheduler would hold it: a slot
         # starts the next generation while the previous body is still on the wire.
-        router_config=RouterConfig(max_inflight_per_engine=2 * work.engine_concurrency),
-        client_config=client,
-        parser_config=parser,
-        rewards={"mean": output_mean},
-    ) as rollout:
+        engines=EngineConfig(
+            router=RouterConfig(max_inflight_per_engine=2 * work.engine_concurrency),
+            client=client,
+        ),
+        parser=parser,
+    )
+    async with DiffusionRollout.open(urls, config=config, rewards={"mean": output_mean}) as rollout:
         # Warm-up: workers, arena pages, engine body caches (the same seeds every run).
         await rollout.run(prompts, rollout_id=0)
         runs = []

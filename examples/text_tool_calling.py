@@ -21,7 +21,7 @@ from miles_lite.testing import (
     TextStandInEngine,
     load_qwen3_tokenizer,
 )
-from miles_lite.text import multi_turn
+from miles_lite.text import MultiTurn, MultiTurnOptions
 
 POLICY = TextPolicy(
     rules=[
@@ -48,15 +48,11 @@ async def main() -> None:
             [engine.url],
             tokenizer=tokenizer,
             config=config,
-            generate=multi_turn.generate,
-            generate_options={
-                "generate_tool_specs_path": ADD_TOOLS,
-                "generate_execute_tool_function_path": execute_tool,
-            },
+            generate=MultiTurn(MultiTurnOptions(tool_specs=ADD_TOOLS, execute_tool=execute_tool)),
         ) as rollout:
             result = await rollout.run([[{"role": "user", "content": "Please add 2 and 3."}]])
     (sample,) = result.samples
-    print(f"status {sample.status.value}, turns {sample.metadata['turns']}")
+    print(f"status {sample.status.value}, turns {sample.turns}")
     prompt_len = len(sample.tokens) - sample.response_length
     print(f"{'position':>8}  {'token id':>8}  {'mask':>4}  {'log-prob':>8}  text")
     log_probs: list[float] = sample.rollout_log_probs  # type: ignore[assignment]

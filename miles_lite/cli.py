@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tempfile
@@ -17,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from miles_lite._core.run_sync import run_sync
+from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import RouterConfig
+from miles_lite.engine.config import EngineConfig, RouterConfig
 from miles_lite.errors import ConfigError, EngineUnavailableError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPoolConfig
-from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.rollout.contract import load_function
 from miles_lite.rollout.result import RolloutResult
 
 __all__ = ["main"]
@@ -149,6 +149,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if result.failed else 0
 
 
+def load_object(path: str) -> Any:
+    """Import ``package.module.name``; ``ConfigError`` naming the path when it does not
+    resolve. The only place dotted paths are read."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"path {path!r} must be 'module.name'")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {path!r}: {exc}") from exc
+
+
+def load_function(path: str) -> Any:
+    """:func:`load_object` for a callable."""
+    fn = load_object(path)
+    if not callable(fn):
+        raise ConfigError(f"{path!r} is not callable")
+    return fn
+
+
 def _function_flags(fn: Any, parser: argparse.ArgumentParser) -> dict[str, None]:
     """Let ``fn.add_arguments(parser)`` register its flags; return their destinations."""
     add_arguments = getattr(fn, "add_arguments", None)
@@ -188,6 +208,9 @@ async def _rollout(
         or (args.frames if getattr(args, "frames", 1) > 1 else None),
     )
     reward_kind = None if args.reward == "none" and not args.reward_function_path else "score"
+    parser_config = ParserPoolConfig(
+        workers=args.parser_workers, arena=ArenaConfig(size_bytes=args.arena_mb << 20)
+    )
     config = DiffusionRolloutConfig(
         n_samples_per_prompt=args.samples_per_prompt,
         microgroup_size=args.microgroup_size,
@@ -198,9 +221,11 @@ async def _rollout(
         transport=args.transport,
         fetch_in_parser=args.fetch_in_parser,
         reward=reward_kind,
-    )
-    parser_config = ParserPoolConfig(
-        workers=args.parser_workers, arena=ArenaConfig(size_bytes=args.arena_mb << 20)
+        reward_workers=args.reward_workers,
+        engines=EngineConfig(
+            router=RouterConfig(max_inflight_per_engine=args.max_inflight_per_engine)
+        ),
+        parser=parser_config,
     )
     prompts = args.prompt or [DEMO_PROMPTS[i % len(DEMO_PROMPTS)] for i in range(args.prompts)]
     with tempfile.TemporaryDirectory(prefix="miles-lite-") as tmp:
@@ -208,15 +233,12 @@ async def _rollout(
         async with DiffusionRollout.open(
             urls,
             config=config,
-            router_config=RouterConfig(max_inflight_per_engine=args.max_inflight_per_engine),
-            parser_config=parser_config,
             rewards=rewards,
-            reward_workers=args.reward_workers,
             generate=generate,
             generate_options=options,
             progress=not args.no_progress,
         ) as rollout:
-            await _check_reachable(rollout.state.client, urls)
+            await _check_reachable(rollout.context.router.client, urls)
             return await rollout.run(prompts)
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import enum
+import itertools
+import math
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +14,14 @@ if TYPE_CHECKING:
 
     from miles_lite.errors import MilesLiteError
 
-__all__ = ["DiTTrajectory", "PrefixCacheInfo", "Sample", "SampleStatus"]
+__all__ = [
+    "DiTTrajectory",
+    "PrefixCacheInfo",
+    "Sample",
+    "SampleStatus",
+    "SessionInfo",
+    "WeightSpan",
+]
 
 
 class SampleStatus(str, enum.Enum):
@@ -51,6 +61,28 @@ class PrefixCacheInfo:
         return self.cached_tokens / self.total_prompt_tokens if self.total_prompt_tokens else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class WeightSpan:
+    """The policy version that made the response tokens ``[start, end)`` of a sample
+    (offsets in the response, as SGLang's ``meta_info.weight_versions`` gives them per
+    request)."""
+
+    version: str
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class SessionInfo:
+    """The chat session an agentic sample came from: its ``id``, the ``turns`` recorded in
+    it, and ``tito_mismatches``: turns whose prompt did not extend the tokens so far (each
+    started a new sample)."""
+
+    id: str
+    turns: int = 0
+    tito_mismatches: int = 0
+
+
 @dataclass(kw_only=True)
 class Sample:
     """One rollout sample: a prompt, what the engine made of it, and its reward.
@@ -79,7 +111,23 @@ class Sample:
     response_length: int = 0
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | torch.Tensor | None = None
+    #: The weight version of each request the sample made (miles' field).
     weight_versions: list[str] = field(default_factory=list)
+    #: Which policy version made which response tokens (tool and template tokens are
+    #: in no span).
+    weight_spans: list[WeightSpan] = field(default_factory=list)
+    #: The engine's finish reason of the sample's last request (``stop``, ``length``,
+    #: ``abort``, ``tool_calls``), and the stop string or token id it matched.
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    #: Why the sample ended TRUNCATED or ABORTED when it was not the engine's doing:
+    #: ``prompt_too_long``, ``context_full``, ``budget_spent``, ``max_turns``,
+    #: ``early_stop``, ``no_records``, ``all_truncated``.
+    status_reason: str | None = None
+    #: Tool turns taken (multi-turn tool calling).
+    turns: int = 0
+    #: The chat session of an agentic sample.
+    session: SessionInfo | None = None
     #: Raw media of a multimodal prompt (``{"images": [PIL images or data URLs]}``) and
     #: what the processor made of them for training (``pixel_values``, ``image_grid_thw``).
     multimodal_inputs: dict[str, Any] | None = None
@@ -103,25 +151,20 @@ class Sample:
         self.status = SampleStatus.FAILED
         self.error = error
 
-    def validate(self) -> None:
-        """Check the text invariants (miles' ``Sample.validate``).
+    def validate(self, *, vocab_size: int | None = None) -> None:
+        """Check a text sample before it becomes training data (miles' ``Sample.validate``,
+        and the values).
 
-        ``len(tokens) >= response_length``, and each per-token list (``loss_mask``,
-        ``rollout_log_probs``) that is set has exactly ``response_length`` entries.
-        Raises :class:`~miles_lite.errors.SampleInvariantError` naming every violation.
+        Lengths: ``len(tokens) >= response_length``, and each per-token list
+        (``loss_mask``, ``rollout_log_probs``) that is set has exactly ``response_length``
+        entries. Values: ``tokens`` are ints (in ``[0, vocab_size)`` when given), the mask
+        is 0/1, log-probs are finite and <= 0, and 0.0 under mask 0; weight spans lie
+        within the response. Runs at C speed. Raises
+        :class:`~miles_lite.errors.SampleInvariantError` naming every violation.
         """
         from miles_lite.errors import SampleInvariantError
 
-        n = self.response_length
-        problems = []
-        if n < 0:
-            problems.append(f"response_length is {n} < 0")
-        if len(self.tokens) < n:
-            problems.append(f"tokens has {len(self.tokens)} entries < response_length {n}")
-        for name in ("loss_mask", "rollout_log_probs"):
-            value = getattr(self, name)
-            if value is not None and len(value) != n:
-                problems.append(f"{name} has {len(value)} entries, response_length is {n}")
+        problems = _text_problems(self, vocab_size)
         if problems:
             raise SampleInvariantError(
                 f"sample {self.index}: " + "; ".join(problems), request_id=self.request_id
@@ -151,3 +194,49 @@ def _clone(value: Any) -> Any:
     if isinstance(value, list):
         return [_clone(v) for v in value]
     return value
+
+
+def _text_problems(sample: Sample, vocab_size: int | None) -> list[str]:
+    n = sample.response_length
+    problems = []
+    if type(n) is not int or n < 0:
+        return [f"response_length is {n!r}, not an int >= 0"]
+    tokens = sample.tokens
+    if len(tokens) < n:
+        problems.append(f"tokens has {len(tokens)} entries < response_length {n}")
+    if tokens and not (
+        set(map(type, tokens)) <= {int}
+        and min(tokens) >= 0
+        and (vocab_size is None or max(tokens) < vocab_size)
+    ):
+        bad = next(
+            (i, t)
+            for i, t in enumerate(tokens)
+            if type(t) is not int or t < 0 or (vocab_size is not None and t >= vocab_size)
+        )
+        problems.append(f"tokens[{bad[0]}] is {bad[1]!r}, not an id in [0, {vocab_size})")
+    mask, log_probs = sample.loss_mask, sample.rollout_log_probs
+    for name, value in (("loss_mask", mask), ("rollout_log_probs", log_probs)):
+        if value is not None and len(value) != n:
+            problems.append(f"{name} has {len(value)} entries, response_length is {n}")
+    if mask is not None and not set(mask) <= {0, 1}:
+        problems.append(f"loss_mask holds {sorted(set(mask) - {0, 1})[:3]}, not only 0 and 1")
+    if isinstance(log_probs, list) and log_probs:
+        if not set(map(type, log_probs)) <= {float, int}:
+            problems.append("rollout_log_probs holds values that are not numbers")
+        elif not (math.isfinite(sum(log_probs)) and max(log_probs) <= 0.0):
+            bad_lp = next((i, v) for i, v in enumerate(log_probs) if not math.isfinite(v) or v > 0)
+            problems.append(
+                f"rollout_log_probs[{bad_lp[0]}] is {bad_lp[1]!r}, not a finite value <= 0"
+            )
+        elif (
+            mask is not None
+            and len(mask) == len(log_probs)
+            and any(itertools.compress(log_probs, map(operator.not_, mask)))
+        ):
+            problems.append("rollout_log_probs is not 0.0 where loss_mask is 0")
+    for span in sample.weight_spans:
+        if not 0 <= span.start <= span.end <= n:
+            problems.append(f"weight span {span} lies outside the response of {n} tokens")
+            break
+    return problems

@@ -28,8 +28,12 @@ def dumps(obj: Any, *, strict: bool = True) -> bytes:
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
     """Parse JSON, also the NaN/Infinity literals Python's json writes; ``ValueError``
-    (``json.JSONDecodeError`` or ``UnicodeDecodeError``) when it is not JSON."""
+    (``json.JSONDecodeError``, ``UnicodeDecodeError``, or for nesting too deep to parse)
+    when it is not JSON. What the values mean is the caller's to check."""
     try:
-        return _DECODER.decode(data)
-    except msgspec.DecodeError:
-        return json.loads(bytes(data))
+        try:
+            return _DECODER.decode(data)
+        except msgspec.DecodeError:
+            return json.loads(bytes(data))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None

@@ -1,185 +1,186 @@
 """The agentic generate function: a user's agent speaks OpenAI chat through a session.
 
-``AgentGenerate(run_agent)`` is a generate function: for each sample it opens a session on
-``input.state.sessions`` (a :class:`~miles_lite.sessions.SessionServer` the rollout
-started), calls ``await run_agent(base_url, prompt, request_kwargs)`` with the session's
-base URL, the prompt as a ``messages`` list (no client-side template) and the rollout's
-sampling settings in OpenAI names, always closes the session, and builds samples from the
-recorded turns (TITO, :mod:`miles_lite.agentic.assembly`).
+``AgentGenerate(run_agent)`` is a generate function: when the rollout opens with it, it
+starts its own :class:`~miles_lite.agentic.server.SessionServer` (or uses the one given);
+for each sample it opens a session in the run, calls ``await run_agent(base_url, prompt,
+request_kwargs)`` with the session's base URL, the prompt as a ``messages`` list (no
+client-side template) and the rollout's sampling settings in OpenAI names, always closes
+the session, and builds samples from the recorded turns (TITO,
+:mod:`miles_lite.agentic.assembly`).
 
 The agent may return ``None``, a reward (a number or dict), or a dict with ``"reward"``
 and/or ``"metadata"`` for its samples; without a reward the rollout's reward pool scores
 them. An agent that raises fails its sample (:class:`~miles_lite.errors.AgentError`, the
-traceback kept).
+traceback kept), as one returning anything else does.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import dataclasses
 import inspect
 import logging
 import sys
+import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from miles_lite._core.validate import check_choice, check_int, check_seconds
 from miles_lite.agentic.assembly import AssemblyMode, assemble_samples
+from miles_lite.agentic.config import SessionServerConfig
 from miles_lite.agentic.server import SessionServer
 from miles_lite.errors import AgentError, ConfigError
-from miles_lite.rollout.contract import GenerateFnInput, load_function
-from miles_lite.types import Sample, SampleStatus
+from miles_lite.rollout.context import RunContext
+from miles_lite.rollout.contract import AbortResult, GenerateFnInput
+from miles_lite.sglang.sampling import chat_request_kwargs
+from miles_lite.text.context import TextContext
+from miles_lite.types import Sample, SampleStatus, SessionInfo
 
-__all__ = ["AgentAbortResult", "AgentGenerate", "chat_request_kwargs"]
+__all__ = ["AbortContext", "AgentGenerate", "RunAgent"]
 
 _log = logging.getLogger(__name__)
 
+#: ``async def run_agent(base_url, prompt, request_kwargs)`` (or a sync function).
 RunAgent = Callable[[str, list[dict[str, Any]], dict[str, Any]], Awaitable[Any]]
-
-#: /generate sampling keys and their OpenAI chat names (the agent passes them on).
-_OPENAI_NAMES = {
-    "max_new_tokens": "max_tokens",
-    "sampling_seed": "seed",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "stop": "stop",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-}
-#: SGLang's chat extras: the openai client takes them only through ``extra_body``.
-_EXTRA_NAMES = {
-    "min_new_tokens": "min_tokens",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "stop_token_ids": "stop_token_ids",
-    "repetition_penalty": "repetition_penalty",
-}
-
-
-def chat_request_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
-    """The rollout's ``/generate`` sampling params as keyword arguments of
-    ``openai.AsyncOpenAI().chat.completions.create``: OpenAI names at the top
-    (``max_new_tokens`` -> ``max_tokens``, ...), SGLang's extras (``top_k``, ``min_p``,
-    ...) under ``extra_body``; keys chat does not take are left out."""
-    kwargs = {_OPENAI_NAMES[k]: v for k, v in sampling_params.items() if k in _OPENAI_NAMES}
-    extra = {_EXTRA_NAMES[k]: v for k, v in sampling_params.items() if k in _EXTRA_NAMES}
-    if extra:
-        kwargs["extra_body"] = extra
-    return kwargs
 
 
 @dataclass(frozen=True, slots=True)
-class AgentAbortResult:
-    """How the agent module's ``abort`` hook went: ``called`` (it exists and was called),
-    ``error`` (what it raised, or a timeout), ``elapsed_s``."""
+class AbortContext:
+    """What an agent's ``abort`` hook gets on early stop: the rollout id and the ids of
+    the run's sessions (open ones, and those closed since the stop began: their agents
+    returned when their requests were aborted), by which agents find their work."""
 
-    called: bool
-    error: Exception | None
-    elapsed_s: float
+    rollout_id: int
+    session_ids: tuple[str, ...]
 
 
 class AgentGenerate:
     """A generate function running a custom agent per sample (see the module docstring).
 
-    ``run_agent``: a callable ``(base_url, prompt, request_kwargs)`` (async, or sync: then it
-    runs in a worker thread), or ``None`` to
-    load it from ``input.options["custom_agent_function_path"]`` (the CLI flag
-    ``--custom-agent-function-path``). ``abort_hook``: the agent's optional
-    ``abort(ctx)``; by default the ``abort`` attribute of ``run_agent``'s module. ``mode``:
+    ``run_agent``: ``(base_url, prompt, request_kwargs)``, async or sync (a sync agent
+    runs in a worker thread; on cancellation it is waited for, not abandoned: it ends once
+    its requests fail, which they do as soon as its session is aborted or closed).
+    ``sessions``: the session server's config (one is started when the rollout opens), or
+    a running :class:`SessionServer` to use. ``abort_hook``: the agent's ``abort(ctx)``,
+    by default the ``abort`` attribute of ``run_agent``'s module, called once on early
+    stop with an :class:`AbortContext`, bounded by ``abort_timeout_s``. ``mode``:
     ``"merged"`` (one sample per trajectory, miles' default) or ``"per_turn"``;
-    ``max_seq_len`` (default: the state's ``max_context_len``) truncates by whole turns;
-    ``max_trim_tokens`` bounds re-rendered trailing stop tokens; ``abort_timeout_s``
-    bounds the hook.
+    ``max_seq_len`` (default: the rollout's ``max_context_len``) truncates by whole turns;
+    ``max_trim_tokens`` bounds re-rendered trailing stop tokens.
 
-    Raises ``ConfigError`` on a call without a session server on the state, or without an
-    agent.
+    Raises ``ConfigError`` on a bad option, or when called before it is bound to a
+    rollout's context (open the rollout with it: ``TextRollout.open(...,
+    generate=AgentGenerate(run_agent))``).
     """
 
     def __init__(
         self,
-        run_agent: RunAgent | None = None,
+        run_agent: RunAgent,
         *,
-        abort_hook: Callable[[Any], Any] | None = None,
+        sessions: SessionServerConfig | SessionServer | None = None,
+        abort_hook: Callable[[AbortContext], Any] | None = None,
         mode: AssemblyMode = "merged",
         max_seq_len: int | None = None,
         max_trim_tokens: int = 1,
         abort_timeout_s: float = 10.0,
     ) -> None:
-        if mode not in ("merged", "per_turn"):
-            raise ConfigError(f"mode must be 'merged' or 'per_turn', got {mode!r}")
-        if not abort_timeout_s > 0:
-            raise ConfigError(f"abort_timeout_s must be > 0, got {abort_timeout_s!r}")
-        if run_agent is not None and not callable(run_agent):
-            raise ConfigError(f"run_agent must be callable, got {run_agent!r}")
+        if not callable(run_agent):
+            raise ConfigError(f"AgentGenerate.run_agent must be callable, got {run_agent!r}")
+        check_choice("AgentGenerate", "mode", mode, ("merged", "per_turn"))
+        check_int("AgentGenerate", "max_seq_len", max_seq_len, optional=True)
+        check_int("AgentGenerate", "max_trim_tokens", max_trim_tokens, minimum=0)
+        check_seconds("AgentGenerate", "abort_timeout_s", abort_timeout_s)
+        if sessions is not None and not isinstance(sessions, SessionServerConfig | SessionServer):
+            raise ConfigError(
+                f"AgentGenerate.sessions must be a SessionServerConfig or a SessionServer,"
+                f" got {sessions!r}"
+            )
         self._run_agent = run_agent
+        self._sessions = sessions
+        self._server = sessions if isinstance(sessions, SessionServer) else None
+        self._context: TextContext | None = None
         self._abort_hook = abort_hook if abort_hook is not None else _module_abort(run_agent)
         self._mode: AssemblyMode = mode
         self._max_seq_len = max_seq_len
         self._max_trim_tokens = max_trim_tokens
         self._abort_timeout_s = abort_timeout_s
-        self._sessions: SessionServer | None = None
-        # Sessions closed after the rollout began stopping: the rollout aborts engine
-        # requests before it calls the hook, so their agents may already have returned;
-        # the hook still needs their ids to find the agents' work.
-        self._stopped_sessions: dict[str, None] = {}
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        """Register ``--custom-agent-function-path`` (``package.module.run_agent``)."""
-        parser.add_argument(
-            "--custom-agent-function-path",
-            dest="custom_agent_function_path",
-            default=None,
-            help="dotted path of the agent: async def run_agent(base_url, prompt, request_kwargs)",
+        # Each run's sessions still open, or closed since its stop began: for its abort hook.
+        self._runs: weakref.WeakKeyDictionary[RunContext, dict[str, None]] = (
+            weakref.WeakKeyDictionary()
         )
 
-    async def __call__(self, input: GenerateFnInput) -> list[Sample]:
+    @property
+    def server(self) -> SessionServer:
+        """The session server the agents talk to; ``ConfigError`` before :meth:`bind`."""
+        if self._server is None:
+            raise ConfigError(
+                "AgentGenerate has no session server yet: open the rollout with it"
+                " (TextRollout.open(..., generate=AgentGenerate(run_agent))), or give it a"
+                " running SessionServer (sessions=...)"
+            )
+        return self._server
+
+    @asynccontextmanager
+    async def bind(self, context: TextContext) -> AsyncIterator[None]:
+        """Start the session server over ``context``'s router and sampling (unless one
+        was given); stopped on exit."""
+        self._context = context
+        if isinstance(self._sessions, SessionServer):
+            yield
+            return
+        async with SessionServer(context.router, context.sampling, self._sessions) as server:
+            self._server = server
+            try:
+                yield
+            finally:
+                self._server = None
+
+    async def __call__(self, input: GenerateFnInput[TextContext]) -> list[Sample]:
         """Run the agent for ``input.sample``; returns the samples of its session.
 
         Cancellation closes the session (shielded) and propagates.
         """
-        state = input.state
-        server = getattr(state, "sessions", None)
-        if not isinstance(server, SessionServer):
-            raise ConfigError(
-                "agentic generation needs a SessionServer on input.state.sessions; open the "
-                "rollout with sessions=SessionServer(...)"
-            )
-        self._sessions = server
-        run_agent = self._resolve(input.options)
-        sample = input.sample
-        if state.stopping:
+        server = self.server
+        run, sample, ctx = input.run, input.sample, input.context
+        if run.stopping:
             sample.status = SampleStatus.ABORTED
+            sample.status_reason = "early_stop"
             return [sample]
-        prompt = _messages(sample.prompt)
-        session = await server.open_session()
+        session = await server.open_session(run)
+        opened = self._runs.setdefault(run, {})
+        opened[session.id] = None
         returned: Any = None
         try:
             returned = await _call(
-                run_agent, session.base_url, prompt, chat_request_kwargs(input.sampling_params)
+                self._run_agent,
+                session.base_url,
+                _messages(sample.prompt),
+                chat_request_kwargs(input.sampling_params),
             )
         except Exception as exc:
             # Formatting reads the source files of every frame: off the loop.
             trace = await anyio.to_thread.run_sync(_format_traceback, exc)
-            sample.fail(
-                AgentError(
-                    f"agent {_name(run_agent)} raised {type(exc).__name__}: {exc}\n{trace}",
-                    agent_traceback=trace,
-                ).with_context(request_id=session.id)
-            )
-            sample.error.__cause__ = exc  # type: ignore[union-attr]
+            error = AgentError(
+                f"agent {_name(self._run_agent)} raised {type(exc).__name__}: {exc}",
+                agent_traceback=trace,
+            ).with_context(request_id=session.id)
+            error.__cause__ = exc
+            sample.fail(error)
             return [sample]
         finally:
             with anyio.CancelScope(shield=True):
                 records = await server.close_session(session.id)
-            if state.stopping:
-                self._stopped_sessions[session.id] = None
-        max_seq_len = self._max_seq_len or getattr(state, "max_context_len", None)
-        tokenizer = state.tokenizer
+            if not run.stopping:
+                # Done before any stop: no abort hook needs it. Closed after the stop
+                # began, its agent may have returned because its request was aborted.
+                opened.pop(session.id, None)
+        reward, metadata = _agent_result(returned, self._run_agent, session.id)
+        max_seq_len = self._max_seq_len or ctx.max_context_len
+        tokenizer = ctx.tokenizer
         assembly = await anyio.to_thread.run_sync(
             lambda: assemble_samples(
                 records,
@@ -190,81 +191,54 @@ class AgentGenerate:
                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             )
         )
+        info = SessionInfo(session.id, turns=len(records), tito_mismatches=assembly.mismatches)
         if not assembly.samples:
             sample.status = SampleStatus.ABORTED
-            sample.metadata["empty_reason"] = assembly.empty_reason
+            sample.status_reason = assembly.empty_reason
+            sample.session = info
             return [sample]
-        reward, metadata = _agent_result(returned)
-        made = assembly.samples
-        # The first sample is the input one, filled in place: the driver keeps the input
-        # objects of groups stopped early (partial rollout), so their output must be there.
-        for name in (f.name for f in dataclasses.fields(Sample)):
-            setattr(sample, name, getattr(made[0], name))
-        made[0] = sample
-        for out in made:
+        for out in assembly.samples:
             out.metadata.update(metadata)
-            out.metadata["session_id"] = session.id
+            out.session = info
             if reward is not None:
                 out.reward = reward
-        return made
+        return assembly.samples
 
-    async def abort(self, ctx: Any) -> AgentAbortResult:
-        """Early stop: abort the sessions of ``ctx.session_ids`` at the session server (their
-        engine requests, and every later request answers ``abort``), then call the agent's
-        ``abort(ctx)`` hook once, bounded by ``abort_timeout_s``. The hook's ``ctx`` also
-        names the sessions that closed since the stop began (their agents returned when
-        their requests were aborted).
-
-        A missing hook is fine; a hook that raises or runs past the bound is returned in
-        :class:`AgentAbortResult` (``error``), never raised.
-        """
-        start = anyio.current_time()
-        ids = dict.fromkeys(getattr(ctx, "session_ids", ()) or ())
-        if self._sessions is not None:
-            await self._sessions.abort(list(ids))
-        ids.update(self._stopped_sessions)
-        self._stopped_sessions = {}
-        if dataclasses.is_dataclass(ctx) and not isinstance(ctx, type):
-            with contextlib.suppress(TypeError):
-                ctx = dataclasses.replace(ctx, session_ids=tuple(ids))
+    async def abort(self, run: RunContext) -> AbortResult:
+        """Early stop of ``run``: its sessions answer every later request at once with
+        ``finish_reason`` ``abort`` (the rollout already aborted their engine requests),
+        then the agent's ``abort`` hook is called once with an :class:`AbortContext`,
+        bounded by ``abort_timeout_s``. A missing hook is fine; a hook that raises or runs
+        past the bound is reported in the result (``error``), never raised."""
+        ids = tuple(self._runs.pop(run, {}))
+        if self._server is not None:
+            await self._server.abort(ids)
         hook = self._abort_hook
         if hook is None:
-            return AgentAbortResult(called=False, error=None, elapsed_s=0.0)
+            return AbortResult(called=False)
+        started = time.monotonic()
         error: Exception | None = None
         with anyio.move_on_after(self._abort_timeout_s) as scope:
             try:
-                await _call(hook, ctx)
+                await _call(hook, AbortContext(rollout_id=run.rollout_id, session_ids=ids))
             except Exception as exc:  # reported, not fatal: the rollout's work is done
                 error = exc
         if scope.cancelled_caught:
             error = TimeoutError(f"agent abort hook ran past {self._abort_timeout_s} s")
         if error is not None:
             _log.warning("agent abort hook failed: %r", error)
-        return AgentAbortResult(called=True, error=error, elapsed_s=anyio.current_time() - start)
-
-    def _resolve(self, options: Mapping[str, Any]) -> RunAgent:
-        if self._run_agent is not None:
-            return self._run_agent
-        path = options.get("custom_agent_function_path")
-        if not path:
-            raise ConfigError(
-                "no agent: pass AgentGenerate(run_agent) or --custom-agent-function-path"
-            )
-        fn = load_function(path)
-        self._run_agent = fn
-        if self._abort_hook is None:
-            self._abort_hook = _module_abort(fn)
-        return fn
+        return AbortResult(called=True, error=error, elapsed_s=time.monotonic() - started)
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """Await an async callable; run a sync one in a worker thread (it may block on I/O,
-    e.g. a synchronous OpenAI client); a cancelled thread is abandoned."""
+    e.g. a synchronous OpenAI client). The thread is waited for on cancellation: nothing
+    outlives the rollout."""
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
     ):
         return await fn(*args)
-    result = await anyio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+    result = await anyio.to_thread.run_sync(lambda: fn(*args))
     if inspect.isawaitable(result):
         return await result
     return result
@@ -274,7 +248,7 @@ def _format_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))
 
 
-def _module_abort(fn: Any) -> Callable[[Any], Any] | None:
+def _module_abort(fn: Any) -> Callable[[AbortContext], Any] | None:
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     hook = getattr(module, "abort", None) if module is not None else None
     return hook if callable(hook) else None
@@ -290,17 +264,25 @@ def _name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _agent_result(returned: Any) -> tuple[Any, dict[str, Any]]:
-    """(reward or None, metadata) from what the agent returned."""
+def _agent_result(returned: Any, agent: Any, session_id: str) -> tuple[Any, dict[str, Any]]:
+    """(reward or None, metadata) from what the agent returned; ``AgentError`` for
+    anything else than None, a number, a dict of scores or ``{"reward", "metadata"}``."""
     if returned is None:
         return None, {}
-    if isinstance(returned, bool):
-        return float(returned), {}
-    if isinstance(returned, int | float):
+    if isinstance(returned, bool | int | float):
         return float(returned), {}
     if isinstance(returned, dict) and ("reward" in returned or "metadata" in returned):
         metadata = returned.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise AgentError(
+                f"agent {_name(agent)} returned metadata {metadata!r:.100}; want a dict",
+                request_id=session_id,
+            )
         return returned.get("reward"), dict(metadata)
     if isinstance(returned, dict):
         return returned, {}  # a dict reward (several keys)
-    return None, {"agent_result": returned}
+    raise AgentError(
+        f"agent {_name(agent)} returned {returned!r:.100}; return None, a reward (a number"
+        " or a dict of them), or {'reward': ..., 'metadata': {...}}",
+        request_id=session_id,
+    )

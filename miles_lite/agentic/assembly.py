@@ -24,7 +24,8 @@ from typing import Literal, NamedTuple
 
 from miles_lite.errors import ConfigError
 from miles_lite.sglang.chat_wire import TurnRecord
-from miles_lite.types import Sample, SampleStatus
+from miles_lite.sglang.generate_wire import FINISH_STATUS
+from miles_lite.types import Sample, SampleStatus, WeightSpan
 
 __all__ = [
     "Assembly",
@@ -39,21 +40,11 @@ __all__ = [
 AssemblyMode = Literal["merged", "per_turn"]
 Decode = Callable[[list[int]], str]
 
-_STATUS = {
-    "stop": SampleStatus.COMPLETED,
-    "tool_calls": SampleStatus.COMPLETED,
-    "length": SampleStatus.TRUNCATED,
-    "abort": SampleStatus.ABORTED,
-}
-
-#: The sample metadata key the rollout's ``rollout/tito_session_mismatch_rate`` reads.
-MISMATCH_KEY = "tito_session_mismatch"
-
 
 def status_of(finish_reason: str) -> SampleStatus:
-    """The sample status of an OpenAI ``finish_reason``: stop and tool_calls complete,
-    length truncates, abort aborts; anything else is ABORTED (the turn did not end)."""
-    return _STATUS.get(finish_reason, SampleStatus.ABORTED)
+    """The sample status of a recorded turn's ``finish_reason`` (records hold only the
+    ones :data:`~miles_lite.sglang.generate_wire.FINISH_STATUS` knows)."""
+    return FINISH_STATUS.get(finish_reason, SampleStatus.ABORTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +83,7 @@ def turn_samples(
         sample.loss_mask = [1] * len(record.output_ids)
         sample.rollout_log_probs = list(record.output_log_probs)
         sample.weight_versions = [record.weight_version] if record.weight_version else []
+        sample.weight_spans = list(record.weight_spans)
         sample.status = status_of(record.finish_reason)
         out.append(sample)
     return out
@@ -146,6 +138,7 @@ class _Turn(NamedTuple):
     response: Callable[[], str]
     status: SampleStatus
     weight_versions: list[str]
+    weight_spans: Sequence[WeightSpan]
     start: Callable[[], Sample]  # the turn as a sample of its own (owning its lists)
 
 
@@ -160,6 +153,7 @@ def _parts_of_sample(turn: Sample) -> _Turn:
         lambda: turn.response,
         turn.status,
         turn.weight_versions,
+        turn.weight_spans,
         lambda: _own_copy(turn),
     )
 
@@ -175,6 +169,7 @@ def _parts_of_record(record: TurnRecord, template: Sample, decode: Decode) -> _T
         lambda: decode(list(record.output_ids)),
         status_of(record.finish_reason),
         [record.weight_version] if record.weight_version else [],
+        record.weight_spans,
         lambda: turn_samples([record], template, decode=decode)[0],
     )
 
@@ -205,8 +200,13 @@ def _merge(turns: Iterable[_Turn], max_trim_tokens: int, decode: Decode) -> Asse
         if trim:
             del current.tokens[-trim:], mask[-trim:], log_probs[-trim:]
             current.response_length -= trim
+            _clip_spans(current)
             trimmed += trim
         between = turn.seq[len(current.tokens) : turn.prompt_len]
+        offset = current.response_length + len(between)
+        current.weight_spans += [
+            WeightSpan(w.version, w.start + offset, w.end + offset) for w in turn.weight_spans
+        ]
         current.tokens += between
         current.tokens += turn.output
         current.response += decode(between) + turn.response()
@@ -234,9 +234,8 @@ def assemble_samples(
 ) -> Assembly:
     """Compute, truncate and (``merged``) merge the samples of a session's ``records``.
 
-    Every sample made gets ``metadata["tito_session_mismatch"]`` (the session's mismatch
-    count) and ``metadata["session_turns"]`` (its turn count). Raises ``ConfigError`` for
-    an unknown ``mode`` or a bad ``max_seq_len`` / ``max_trim_tokens``.
+    Raises ``ConfigError`` for an unknown ``mode`` or a bad ``max_seq_len`` /
+    ``max_trim_tokens``.
     """
     if mode not in ("merged", "per_turn"):
         raise ConfigError(f"mode must be 'merged' or 'per_turn', got {mode!r}")
@@ -256,9 +255,6 @@ def assemble_samples(
             result = Assembly(samples=turns)
         else:
             result = merge_turns(turns, max_trim_tokens=max_trim_tokens, decode=decode)
-    for sample in result.samples:
-        sample.metadata[MISMATCH_KEY] = result.mismatches
-        sample.metadata["session_turns"] = len(records)
     return result
 
 
@@ -279,10 +275,19 @@ def _extension_trim(
     return None
 
 
+def _clip_spans(sample: Sample) -> None:
+    """Cut the weight spans of ``sample`` at the end of its response."""
+    n = sample.response_length
+    sample.weight_spans = [
+        WeightSpan(w.version, w.start, min(w.end, n)) for w in sample.weight_spans if w.start < n
+    ]
+
+
 def _strip(sample: Sample, n: int) -> None:
     """Drop the last ``n`` response tokens of ``sample`` (new lists, not in place)."""
     sample.tokens = sample.tokens[: len(sample.tokens) - n]
     sample.response_length -= n
+    _clip_spans(sample)
     if sample.loss_mask is not None:
         sample.loss_mask = sample.loss_mask[: len(sample.loss_mask) - n]
     if isinstance(sample.rollout_log_probs, list):
@@ -299,6 +304,7 @@ def _own_copy(sample: Sample) -> Sample:
     out.loss_mask = list(sample.loss_mask or [])
     out.rollout_log_probs = list(sample.rollout_log_probs or [])
     out.weight_versions = list(sample.weight_versions)
+    out.weight_spans = list(sample.weight_spans)
     out.metadata = dict(sample.metadata)
     return out
 

@@ -15,37 +15,12 @@ from aiohttp import web
 from miles_lite.errors import EngineStatusError
 
 __all__ = [
-    "CHAT_NAMES",
     "abort_answer",
     "as_chunk",
     "error_response",
-    "for_agent",
     "passthrough",
     "too_large",
 ]
-
-#: /generate sampling keys and their names on /v1/chat/completions.
-CHAT_NAMES = {
-    "max_new_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
-    "sampling_seed": "seed",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "ignore_eos": "ignore_eos",
-}
-
-
-def for_agent(answer: dict[str, Any]) -> dict[str, Any]:
-    """The engine's answer as the agent sees it: everything kept (extra fields are ignored
-    by OpenAI clients), so agents that read ids or meta_info can."""
-    return answer
 
 
 def as_chunk(answer: dict[str, Any]) -> dict[str, Any]:

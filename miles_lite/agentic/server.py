@@ -13,37 +13,32 @@ aborted at the engine; early stop answers later requests at once with ``abort``.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import anyio
 from aiohttp import web
 
 from miles_lite._core import json as _json
+from miles_lite._core.resources import AsyncResource
 from miles_lite._core.serve import serve_app
 from miles_lite.agentic.config import Session, SessionServerConfig, SessionServerStatistics
 from miles_lite.agentic.openai_wire import (
-    CHAT_NAMES,
     abort_answer,
     as_chunk,
     error_response,
-    for_agent,
     passthrough,
     too_large,
 )
-from miles_lite.errors import (
-    ClosedResourceError,
-    EngineError,
-    EngineStatusError,
-    SessionError,
-)
+from miles_lite.engine.control import abort_request
+from miles_lite.engine.router import Router
+from miles_lite.errors import EngineError, EngineStatusError, SessionError
+from miles_lite.rollout.context import InFlight, RunContext
 from miles_lite.sglang.chat_wire import TurnRecord, record_from_choice
-from miles_lite.text.context import TextState
+from miles_lite.sglang.generate_wire import new_rid
+from miles_lite.sglang.sampling import CHAT_NAMES, TextSamplingParams
 
 __all__ = ["Session", "SessionServer", "SessionServerConfig", "SessionServerStatistics"]
 
@@ -53,10 +48,16 @@ _OFF_LOOP_JSON_BYTES = 64 * 1024
 _OFF_LOOP_ANSWER_TOKENS = 1024
 
 
+#: The chat endpoint of the engines.
+CHAT_PATH = "/v1/chat/completions"
+
+
 @dataclass
 class _Session:
     id: str
     key: str
+    run: RunContext | None
+    in_flight: InFlight
     records: list[TurnRecord] = field(default_factory=list)
     busy: bool = False
     closed: bool = False
@@ -74,31 +75,39 @@ class _Reply(Exception):
         self.response = response
 
 
-class SessionServer:
+class SessionServer(AsyncResource):
     """OpenAI chat through session-scoped URLs, on loopback (see the module docstring).
 
-    ``state`` gives the router (sticky engine per session), the rollout's sampling
-    defaults, the in-flight rid registry and the stop flag. An async context manager:
+    ``router`` sends each turn (one engine kept per session; its one retry loop);
+    ``sampling`` is the rollout's sampling (applied to every turn). An async resource:
     entering binds the port, leaving (or :meth:`aclose`) stops serving, drops every
     session and waits for the handlers. Use it from one event loop.
 
     Usage::
 
-        async with SessionServer(state) as server:
-            session = await server.open_session()
+        async with SessionServer(router, sampling) as server:
+            session = await server.open_session(run)
             client = openai.AsyncOpenAI(base_url=session.base_url, api_key="-")
             ...
             records = await server.close_session(session.id)
     """
 
-    def __init__(self, state: TextState, config: SessionServerConfig | None = None) -> None:
-        self._state = state
+    _resource_name = "session server"
+
+    def __init__(
+        self,
+        router: Router,
+        sampling: TextSamplingParams | None = None,
+        config: SessionServerConfig | None = None,
+    ) -> None:
+        super().__init__()
+        self._router = router
+        self._sampling = (sampling or TextSamplingParams()).to_payload()
         self._config = config or SessionServerConfig()
         self._sessions: dict[str, _Session] = {}
         self._by_key: dict[str, _Session] = {}
         self._runner: web.AppRunner | None = None
         self._url = ""
-        self._status = "new"
         self._counts = dict.fromkeys(
             (
                 "opened",
@@ -121,7 +130,7 @@ class SessionServer:
     @property
     def url(self) -> str:
         """``http://host:port`` once started."""
-        self._check_running()
+        self._check_open()
         return self._url
 
     @property
@@ -129,9 +138,7 @@ class SessionServer:
         """The fixed base URL (``.../v1``) where a session is picked by its API key."""
         return f"{self.url}/v1"
 
-    async def __aenter__(self) -> SessionServer:
-        if self._status != "new":
-            raise ClosedResourceError("session server was already started; make a new one")
+    async def _open(self) -> None:
         app = web.Application(client_max_size=self._config.max_body_bytes)
         app.router.add_post("/sessions", self._h_create)
         app.router.add_get("/sessions/{sid}", self._h_get)
@@ -144,43 +151,33 @@ class SessionServer:
         # handler_cancellation: a handler whose agent disconnected is cancelled, so its
         # rid is aborted at the engine instead of generating for no one.
         self._runner, self._url = await serve_app(app, self._config.host, self._config.port)
-        self._status = "running"
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Stop serving and drop every session (their records are lost). Idempotent;
-        shielded and bounded (5 s)."""
-        self._status = "closed"
+    async def _close(self) -> None:
+        """Stop serving and drop every session (their records are lost); shielded and
+        bounded (5 s)."""
         runner, self._runner = self._runner, None
         for session in self._sessions.values():
             session.closed = True
-            self._state.router.forget(session.id)
+            self._router.forget(session.id)
         self._sessions.clear()
         self._by_key.clear()
         if runner is not None:
             with anyio.move_on_after(5.0, shield=True):
                 await runner.cleanup()
 
-    def _check_running(self) -> None:
-        if self._status != "running":
-            raise ClosedResourceError(
-                f"session server is {self._status}; use it inside 'async with SessionServer(...)'"
-            )
-
     # -- library API -------------------------------------------------------------------------
 
-    async def open_session(self) -> Session:
-        """Open a session (128 random bits of id, another 128 of API key)."""
-        self._check_running()
-        session = _Session(id=secrets.token_hex(16), key=f"sk-session-{secrets.token_hex(16)}")
+    async def open_session(self, run: RunContext | None = None) -> Session:
+        """Open a session (128 random bits of id, another 128 of API key) for ``run``:
+        its turns count in the run's requests in flight, and once the run stops, they are
+        answered at once with ``finish_reason`` ``abort``."""
+        self._check_open()
+        session = _Session(
+            id=secrets.token_hex(16),
+            key=f"sk-session-{secrets.token_hex(16)}",
+            run=run,
+            in_flight=run.in_flight if run is not None else InFlight(),
+        )
         self._sessions[session.id] = session
         self._by_key[session.key] = session
         self._counts["opened"] += 1
@@ -198,7 +195,7 @@ class SessionServer:
         self._by_key.pop(session.key, None)
         session.closed = True
         self._counts["closed"] += 1
-        self._state.router.forget(session.id)
+        self._router.forget(session.id)
         if session.rid is not None and session.url is not None:
             await self._abort_rid(session.url, session.rid)
         return list(session.records)
@@ -376,13 +373,18 @@ class SessionServer:
         body = await self._read_body(request)
         stream = bool(body.pop("stream", False))
         body.pop("stream_options", None)
-        if session.aborted or session.closed or self._state.stopping:
+        if session.aborted or session.closed or (session.run is not None and session.run.stopping):
             self._counts["aborted_answers"] += 1
             answer = abort_answer(body.get("model") or self._config.model)
             return await self._answer(request, answer, stream)
-        rid = uuid.uuid4().hex
+        rid = new_rid()
         payload = self._payload(body, rid)
-        answer, url = await self._forward(session, payload, rid)
+        forwarded = await self._forward(session, payload, rid)
+        if forwarded is None:  # the run stopped while the turn waited for an engine slot
+            self._counts["aborted_answers"] += 1
+            answer = abort_answer(body.get("model") or self._config.model)
+            return await self._answer(request, answer, stream)
+        answer, url = forwarded
         try:
             record = record_from_choice(answer, rid=rid, engine_url=url, request=payload)
         except EngineError as exc:
@@ -393,7 +395,9 @@ class SessionServer:
             session.records.append(record)
             self._counts["recorded"] += 1
         large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
-        return await self._answer(request, for_agent(answer), stream, large)
+        # The engine's answer as it is: OpenAI clients ignore the extra fields, and
+        # agents that read ids or meta_info can.
+        return await self._answer(request, answer, stream, large)
 
     async def _read_body(self, request: web.Request) -> dict[str, Any]:
         limit = self._config.max_body_bytes
@@ -442,7 +446,7 @@ class SessionServer:
             payload.setdefault("max_tokens", payload.pop("max_new_tokens"))
         if "max_completion_tokens" in payload:
             payload.setdefault("max_tokens", payload["max_completion_tokens"])
-        for key, value in self._state.sampling.to_payload().items():
+        for key, value in self._sampling.items():
             name = CHAT_NAMES.get(key)
             if name is not None:
                 payload.setdefault(name, value)
@@ -460,23 +464,37 @@ class SessionServer:
 
     async def _forward(
         self, session: _Session, payload: dict[str, Any], rid: str
-    ) -> tuple[Any, str]:
-        state = self._state
-        client = state.router.client
+    ) -> tuple[Any, str] | None:
+        """The engine's answer (parsed) and its URL; None when the run stopped before the
+        turn was sent. Through the router's one retry loop, on the session's engine."""
+        router = self._router
+        client = router.client
         finished = False
         url = ""
+
+        async def attempt(leased: str) -> Any:
+            nonlocal url
+            # Checked once the slot is taken: a turn still waiting at the stop is not sent.
+            if session.run is not None and session.run.stopping:
+                return None
+            url = leased
+            session.url, session.rid = leased, rid
+            session.in_flight.sent_to(rid, leased)
+            return await client.post(
+                leased,
+                CHAT_PATH,
+                payload,
+                request_id=rid,
+                timeout_s=self._config.engine_timeout_s,
+                retry=False,
+            )
+
         try:
-            async with state.router.lease(key=session.id) as url:
-                session.url, session.rid = url, rid
-                with state.in_flight.track(rid):
-                    raw = await client.post(
-                        url,
-                        "/v1/chat/completions",
-                        payload,
-                        request_id=rid,
-                        timeout_s=self._config.engine_timeout_s,
-                    )
+            with session.in_flight.track(rid):
+                raw = await router.call(attempt, key=session.id)
             finished = True
+            if raw is None:
+                return None
         except EngineStatusError as exc:
             finished = True
             self._counts["engine_errors"] += 1
@@ -507,13 +525,8 @@ class SessionServer:
             ) from exc
 
     async def _abort_rid(self, url: str, rid: str) -> None:
-        timeout = self._config.abort_timeout_s
-        with anyio.move_on_after(timeout, shield=True):
-            # Best effort: the engine is gone or busy; the rollout's own abort retries.
-            with contextlib.suppress(EngineError):
-                await self._state.router.client.post_json(
-                    url, "/abort_request", {"rid": rid}, timeout_s=timeout
-                )
+        # Best effort: the engine is gone or busy; the rollout's own abort repeats.
+        await abort_request(self._router.client, url, rid, timeout_s=self._config.abort_timeout_s)
 
     async def _answer(
         self, request: web.Request, answer: dict[str, Any], stream: bool, large: bool = False

@@ -263,19 +263,21 @@ class Balancer:
         """The engine for this lease, counted in flight; None if none is free. No await.
 
         A sticky key whose engine is healthy but full waits for that engine. Excluded
-        engines are taken only when they are the only healthy ones.
+        engines (that just failed this request) are taken only when they are the only
+        healthy ones; a sticky key moves off an excluded engine.
         """
         limit = self.config.max_inflight_per_engine
+        others = bool(exclude) and any(e.healthy and e.url not in exclude for e in self.engines)
+        avoid = exclude if others else ()
         engine = None
         if key is not None:
             engine = self._sticky.get(key)
-            if engine is not None and not engine.healthy:
+            if engine is not None and (not engine.healthy or engine.url in avoid):
                 engine = None
             if engine is not None and engine.in_flight >= limit:
                 return None
         if engine is None:
-            others = exclude and any(e.healthy and e.url not in exclude for e in self.engines)
-            engine = self._least_loaded(exclude if others else ())
+            engine = self._least_loaded(avoid)
             if engine is None:
                 return None
         if key is not None:

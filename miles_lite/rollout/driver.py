@@ -15,6 +15,10 @@ for kinds that drain, the units still generating come back with their partial ou
 everything else (rewards of unneeded work included) is cancelled, not awaited. The
 whole stop is shielded and bounded by ``stop_timeout_s``: an engine that never answers
 does not stall it. Groups started but not finished are returned as ``partial``.
+
+Every ``run`` has its own :class:`~miles_lite.rollout.context.RunContext` (rollout id,
+stop signal, requests in flight), so runs may overlap on one driver: an early stop of
+one aborts only its own requests.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import anyio
 import anyio.lowlevel
 
 from miles_lite.errors import GenerateError, MilesLiteError
+from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.filters import GroupFilter, apply_filters
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.scoring import Scorer
@@ -43,6 +48,10 @@ _START_CHUNK = 8
 _DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
 
 
+#: Given the kept samples and the rollout time (seconds), a kind's metrics of one run.
+KindMetrics = Callable[[list[Sample], float], dict[str, float]]
+
+
 class RolloutKind(Protocol):
     """What a kind of rollout gives the driver."""
 
@@ -54,20 +63,20 @@ class RolloutKind(Protocol):
         """Cut a group into units of work (each sent by one generate call)."""
         ...
 
-    async def generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
-        """Generate one unit; return its samples (may be more than given). May raise."""
+    async def generate(self, unit: list[Sample], span: UnitSpan, run: RunContext) -> list[Sample]:
+        """Generate one unit in ``run``; return its samples (may be more than given). May
+        raise."""
         ...
 
-    async def abort(self) -> None:
-        """Stop in-flight work at the engines (early stop). Bounded by the driver."""
+    async def abort(self, run: RunContext, *, alone: bool) -> dict[str, float]:
+        """Stop ``run``'s in-flight work at the engines (early stop; ``alone``: no other
+        run is in flight on this driver); return metrics of the abort. Bounded by the
+        driver."""
         ...
 
-    def measure(self) -> AbstractContextManager[Callable[[], dict[str, float]]]:
-        """A window over one rollout; yields a function giving the kind's metrics for it."""
-        ...
-
-    def sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
-        """Metrics computed from the kept samples (text: lengths, truncation, ...)."""
+    def measure(self) -> AbstractContextManager[KindMetrics]:
+        """A window over one run (its pools' statistics); yields the function giving the
+        kind's metrics of the run."""
         ...
 
 
@@ -101,6 +110,8 @@ class Driver:
         self.progress = progress
         self.stop_timeout_s = stop_timeout_s
         self.max_started_samples = max_started_samples
+        #: The runs in flight now.
+        self.runs: set[RunContext] = set()
 
     async def run(
         self,
@@ -117,8 +128,12 @@ class Driver:
         come back FAILED with a typed error. Cancelling ``run`` aborts the in-flight work
         at the engines (shielded, bounded) and propagates.
         """
-        run = _Run(self, groups, target=target, batch_size=batch_size)
-        return await run.execute(rollout_id)
+        run = _Run(self, groups, RunContext(rollout_id), target=target, batch_size=batch_size)
+        self.runs.add(run.context)
+        try:
+            return await run.execute()
+        finally:
+            self.runs.discard(run.context)
 
 
 class _Run:
@@ -128,12 +143,14 @@ class _Run:
         self,
         driver: Driver,
         groups: list[list[Sample]],
+        context: RunContext,
         *,
         target: int | None,
         batch_size: int | None,
     ) -> None:
         self.driver = driver
         self.kind = driver.kind
+        self.context = context
         self.groups = groups
         self.target = len(groups) if target is None else target
         self.batch_size = batch_size or max(self.target, 1)
@@ -147,7 +164,8 @@ class _Run:
         self.filtered: list[tuple[int, str]] = []
         self.finished: set[int] = set()
         self.spans: list[UnitSpan] = []
-        self.stopping = anyio.Event()
+        self.stopping = context.stop
+        self.abort_metrics: dict[str, float] = {}
         self.generating = 0
         self.drained = anyio.Event()
         self.done_send, self.done_receive = anyio.create_memory_object_stream[int](math.inf)
@@ -155,7 +173,7 @@ class _Run:
         self.stop_time: float | None = None
         self.started = 0
 
-    async def execute(self, rollout_id: int) -> RolloutResult:
+    async def execute(self) -> RolloutResult:
         t0 = time.monotonic()
         driver = self.driver
         total = sum(len(g) for g in self.groups[: self.target])
@@ -179,8 +197,8 @@ class _Run:
                 if self.bar is not None:
                     self.bar.close()
             elapsed = time.monotonic() - t0
-            metrics = self._metrics(elapsed, kind_metrics(), windows)
-        return self._result(rollout_id, metrics)
+            metrics = self._metrics(elapsed, kind_metrics, windows)
+        return self._result(self.context.rollout_id, metrics)
 
     async def _schedule(self, tg: Any) -> None:
         n = len(self.groups)
@@ -219,7 +237,8 @@ class _Run:
         t0 = time.monotonic()
         self.stopping.set()
         with anyio.move_on_after(self.driver.stop_timeout_s, shield=True):
-            await self.kind.abort()
+            alone = self.driver.runs == {self.context}
+            self.abort_metrics = await self.kind.abort(self.context, alone=alone)
             if self.kind.drain_on_stop and self.generating:
                 await self.drained.wait()
         self.stop_time = time.monotonic() - t0
@@ -279,12 +298,19 @@ class _Run:
 
     async def _generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
         try:
-            return await self.kind.generate(unit, span)
+            out = await self.kind.generate(unit, span, self.context)
         except MilesLiteError as exc:
             error: MilesLiteError = exc
         except Exception as exc:
             error = GenerateError(f"generate function raised {type(exc).__name__}: {exc}")
             error.__cause__ = exc
+        else:
+            if len(out) == len(unit):
+                # The driver owns identity: whatever objects come back take the places
+                # (and the numbers) of the samples they fill.
+                for made, slot in zip(out, unit, strict=True):
+                    made.index, made.group_index = slot.index, slot.group_index
+            return out
         for sample in unit:
             sample.fail(error)
         span.error = str(error)
@@ -301,7 +327,7 @@ class _Run:
         return self.groups[index]
 
     def _metrics(
-        self, elapsed: float, kind_metrics: dict[str, float], windows: dict[str, Any]
+        self, elapsed: float, kind_metrics: KindMetrics, windows: dict[str, Any]
     ) -> dict[str, float]:
         kept = [s for i in self.kept for s in self.groups[i]]
         metrics: dict[str, float] = {
@@ -322,8 +348,8 @@ class _Run:
             if window.ran:
                 metrics[f"perf/reward_max_queue_depth_{kind}"] = float(window.max_queue_depth)
         metrics.update(span_metrics(self.spans))
-        metrics.update(kind_metrics)
-        metrics.update(self.kind.sample_metrics(kept))
+        metrics.update(kind_metrics(kept, elapsed))
+        metrics.update(self.abort_metrics)
         return metrics
 
     def _result(self, rollout_id: int, metrics: dict[str, float]) -> RolloutResult:
@@ -335,7 +361,11 @@ class _Run:
             groups=[ordered(self.groups[i]) for i in sorted(self.kept)],
             filtered=[ordered(self.groups[i]) for i, _ in filtered],
             filter_reasons=[reason for _, reason in filtered],
-            partial=[ordered(g) for i, g in enumerate(self.groups) if i not in self.finished],
+            # What each unit's generate call returned (partial output included): the
+            # driver owns identity, so nobody copies fields into the input samples.
+            partial=[
+                ordered(self._whole(i)) for i in range(len(self.groups)) if i not in self.finished
+            ],
             metrics=metrics,
             spans=sorted(self.spans, key=lambda s: (s.group_index, s.unit_index)),
             rollout_id=rollout_id,

@@ -1,4 +1,6 @@
-"""What a session keeps of each chat turn: the ids and log-probs the engine returned (TITO)."""
+"""SGLang's ``/v1/chat/completions`` answers read into turn records (TITO): the ids and
+log-probs the engine returned, checked by the one triple parser of
+:mod:`miles_lite.sglang.generate_wire`. Pure, no I/O."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_lite.errors import EngineProtocolError
+from miles_lite.sglang.generate_wire import FINISH_STATUS, parse_logprob_triples, parse_weight_spans
+from miles_lite.types import WeightSpan
 
 __all__ = ["TurnRecord", "record_from_choice"]
 
@@ -29,6 +33,7 @@ class TurnRecord:
     output_log_probs: list[float]
     finish_reason: str
     weight_version: str | None = None
+    weight_spans: tuple[WeightSpan, ...] = ()
     request: dict[str, Any] = field(default_factory=dict)
     response: dict[str, Any] = field(default_factory=dict)
 
@@ -48,48 +53,77 @@ class TurnRecord:
 
 
 def record_from_choice(
-    answer: Any, *, rid: str, engine_url: str, request: dict[str, Any]
+    answer: Any,
+    *,
+    rid: str,
+    engine_url: str,
+    request: dict[str, Any],
+    vocab_size: int | None = None,
 ) -> TurnRecord:
-    """Read the first choice of an engine's chat answer into a :class:`TurnRecord`.
+    """Read the only choice of an engine's chat answer into a :class:`TurnRecord`.
 
-    Needs ``prompt_token_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, id,
-    text]`` triples, one per output token, as SGLang 0.5.23 returns them with
-    ``return_prompt_token_ids`` / ``return_meta_info``). Raises
-    :class:`EngineProtocolError` naming what is missing.
+    Needs ``prompt_token_ids`` (ints, not empty) and ``meta_info.output_token_logprobs``
+    (``[logprob, id, text]`` triples, one per output token, as SGLang 0.5.23 returns them
+    with ``return_prompt_token_ids`` / ``return_meta_info``), checked as ``/generate``
+    answers are (finite log-probs <= 0, int ids in the vocabulary), a known
+    ``finish_reason`` and a ``completion_tokens`` equal to the output's length. Raises
+    :class:`EngineProtocolError` naming what is wrong.
     """
     where = {"url": engine_url, "request_id": rid}
     if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
         raise EngineProtocolError("chat answer has no 'choices' list", **where)
-    if not answer["choices"] or not isinstance(answer["choices"][0], dict):
-        raise EngineProtocolError("chat answer has an empty 'choices' list", **where)
+    if len(answer["choices"]) != 1 or not isinstance(answer["choices"][0], dict):
+        raise EngineProtocolError(
+            f"chat answer has {len(answer['choices'])} choices; one was asked for", **where
+        )
     choice = answer["choices"][0]
     prompt_ids = choice.get("prompt_token_ids")
     meta = choice.get("meta_info")
     # set(map(type, ...)) checks the ids at C speed: a turn's prompt is the whole history.
-    if not isinstance(prompt_ids, list) or not set(map(type, prompt_ids)) <= {int}:
+    if (
+        not isinstance(prompt_ids, list)
+        or not prompt_ids
+        or not set(map(type, prompt_ids)) <= {int}
+    ):
         raise EngineProtocolError(
-            "chat answer lacks choices[0].prompt_token_ids; the engine must honour "
-            "return_prompt_token_ids (SGLang >= 0.5.23)",
+            "chat answer lacks choices[0].prompt_token_ids (a non-empty list of ids); the "
+            "engine must honour return_prompt_token_ids (SGLang >= 0.5.23)",
             **where,
         )
-    triples = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
-    if not isinstance(triples, list):
+    if min(prompt_ids) < 0 or (vocab_size is not None and max(prompt_ids) >= vocab_size):
         raise EngineProtocolError(
-            "chat answer lacks choices[0].meta_info.output_token_logprobs; the engine must "
-            "honour return_meta_info with logprobs",
+            f"chat answer's prompt_token_ids hold ids outside [0, {vocab_size})", **where
+        )
+    if not isinstance(meta, dict):
+        raise EngineProtocolError(
+            "chat answer lacks choices[0].meta_info; the engine must honour return_meta_info",
             **where,
         )
-    ids, log_probs = _ids_and_log_probs(triples, where)
+    ids, log_probs = parse_logprob_triples(
+        meta.get("output_token_logprobs"), where, vocab_size=vocab_size
+    )
     finish = choice.get("finish_reason")
-    version = meta.get("weight_version") if isinstance(meta, dict) else None
+    if not isinstance(finish, str) or finish not in FINISH_STATUS:
+        raise EngineProtocolError(f"chat answer has finish_reason {finish!r}", **where)
+    completion = meta.get("completion_tokens")
+    usage = answer.get("usage")
+    if completion is None and isinstance(usage, dict):
+        completion = usage.get("completion_tokens")
+    if completion is not None and completion != len(ids):
+        raise EngineProtocolError(
+            f"chat answer counts {completion!r} completion tokens for {len(ids)} output ids",
+            **where,
+        )
+    spans = parse_weight_spans(meta, len(ids), where)
     return TurnRecord(
         rid=rid,
         engine_url=engine_url,
-        prompt_ids=list(prompt_ids),
+        prompt_ids=prompt_ids,
         output_ids=ids,
         output_log_probs=log_probs,
-        finish_reason=finish if isinstance(finish, str) else "abort",
-        weight_version=version if isinstance(version, str) else None,
+        finish_reason=finish,
+        weight_version=spans[-1].version if spans else None,
+        weight_spans=spans,
         request=_slim_request(request),
         response=_slim_response(answer),
     )
@@ -123,31 +157,3 @@ def _slim_response(answer: dict[str, Any]) -> dict[str, Any]:
         choices.append(choice)
     slim["choices"] = choices
     return slim
-
-
-def _ids_and_log_probs(triples: list[Any], where: dict[str, str]) -> tuple[list[int], list[float]]:
-    """The ids and log-probs of ``[logprob, id, text]`` triples, checked at C speed; the
-    first bad triple is named in an :class:`EngineProtocolError`."""
-    try:
-        ids = [t[1] for t in triples]
-        log_probs = [t[0] for t in triples]
-        if (
-            set(map(type, triples)) <= {list, tuple}
-            and set(map(type, ids)) <= {int}
-            and set(map(type, log_probs)) <= {float, int}
-        ):
-            return ids, list(map(float, log_probs))
-    except (TypeError, IndexError, KeyError):
-        pass
-    for i, triple in enumerate(triples):
-        if (
-            not isinstance(triple, list | tuple)
-            or len(triple) < 2
-            or type(triple[1]) is not int
-            or type(triple[0]) not in (float, int)
-        ):
-            raise EngineProtocolError(
-                f"meta_info.output_token_logprobs[{i}] is {triple!r}, not [logprob, id, text]",
-                **where,
-            )
-    raise AssertionError("unreachable: a triple failed the fast check only")  # pragma: no cover

@@ -12,7 +12,14 @@ from typing import Any
 
 from miles_lite.errors import SamplingParamsError
 
-__all__ = ["SAMPLING_KEYS", "TextSamplingParams", "check_sampling_params"]
+__all__ = [
+    "CHAT_NAMES",
+    "SAMPLING_KEYS",
+    "TextSamplingParams",
+    "chat_request_kwargs",
+    "check_sampling_keys",
+    "check_sampling_params",
+]
 
 #: The keys SGLang 0.5.23 accepts in ``sampling_params``, in the order its 400 lists them.
 SAMPLING_KEYS = (
@@ -45,7 +52,60 @@ SAMPLING_KEYS = (
     "watermark",
     "choice",
 )
+_KEY_SET = frozenset(SAMPLING_KEYS)
 _HINTS = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "stop_sequences": "stop"}
+
+#: ``/generate`` sampling keys and their names on ``/v1/chat/completions`` (SGLang's chat
+#: endpoint takes OpenAI's names and these extras). The one map: the session server
+#: applies the rollout's sampling through it, and agents get it through
+#: :func:`chat_request_kwargs`. Text-shaping keys (``no_stop_trim``,
+#: ``skip_special_tokens``) stay out: the message content must be what the template
+#: renders back, or the next turn's prompt would not extend the trajectory.
+CHAT_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "ignore_eos": "ignore_eos",
+}
+#: The chat names the ``openai`` client takes as keyword arguments; the others go in its
+#: ``extra_body``.
+_OPENAI_ARGUMENTS = frozenset(
+    {"max_tokens", "seed", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty"}
+)
+
+
+def chat_request_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The rollout's ``/generate`` sampling params as keyword arguments of
+    ``openai.AsyncOpenAI().chat.completions.create``: OpenAI's names at the top
+    (``max_new_tokens`` -> ``max_tokens``, ...), SGLang's extras (``top_k``, ``min_p``,
+    ...) under ``extra_body``; keys chat does not take are left out."""
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in sampling_params.items():
+        name = CHAT_NAMES.get(key)
+        if name is not None:
+            (kwargs if name in _OPENAI_ARGUMENTS else extra)[name] = value
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
+
+
+def check_sampling_keys(params: Mapping[str, Any]) -> None:
+    """Raise :class:`SamplingParamsError` unless every key of ``params`` is one SGLang
+    accepts and ``n`` is 1 (see :func:`check_sampling_params`); one set comparison when
+    they are (the per-request check)."""
+    if params.keys() <= _KEY_SET and params.get("n", 1) == 1:
+        return
+    check_sampling_params(params)
 
 
 def check_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,63 +1,36 @@
-"""What a text generate function gets as ``input.state``: tokenizer, router, settings, stop."""
+"""What a text generate function gets as ``input.context``: the rollout's resources."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
+from miles_lite._core.validate import check_int
 from miles_lite.engine.router import Router
-from miles_lite.errors import ConfigError
 from miles_lite.sglang.sampling import TextSamplingParams
 
-__all__ = ["InFlightRequests", "TextState"]
+__all__ = ["TextContext"]
 
 T = TypeVar("T")
 
 
-class InFlightRequests:
-    """The rids of the rollout's requests that are out at an engine now (for the abort)."""
-
-    def __init__(self) -> None:
-        self._rids: dict[str, None] = {}
-
-    @contextmanager
-    def track(self, rid: str) -> Iterator[None]:
-        """Count ``rid`` as in flight for the duration of the block."""
-        self._rids[rid] = None
-        try:
-            yield
-        finally:
-            self._rids.pop(rid, None)
-
-    def rids(self) -> list[str]:
-        """A snapshot of the rids in flight, oldest first."""
-        return list(self._rids)
-
-    def __len__(self) -> int:
-        return len(self._rids)
-
-
 @dataclass
-class TextState:
-    """The resources of a text rollout, shared by its generate calls.
+class TextContext:
+    """The resources of a text rollout, shared by its generate calls (long-lived: what
+    belongs to one run is in ``input.run``).
 
     - ``tokenizer`` (a ``transformers`` tokenizer with a chat template), ``processor``
       (for multimodal prompts, optional);
     - ``router``: leases engines (its ``client`` posts);
     - ``sampling``: the default sampling parameters; ``max_context_len``: the engines'
-      context (prompt + output tokens), ``None`` if unknown;
-    - ``in_flight``: rids out at an engine now; ``sessions``: the chat session server of
-      agentic rollouts (``None`` otherwise);
-    - the stop flag: once :meth:`request_stop` was called (early stop), generate
-      functions send nothing new and end their samples ABORTED;
-    - ``tokenize_threads``: worker threads for tokenizing and chat templating (default:
-      a quarter of the cores, 1 to 4; see :meth:`off_loop`).
+      context (prompt + output tokens), ``None`` if unknown; ``vocab_size``: ids an
+      answer may hold are checked to lie below it (``None``: only that they are ints >= 0);
+    - ``tokenize_threads``: worker threads for tokenizing and chat templating (see
+      :meth:`off_loop`).
     """
 
     tokenizer: Any
@@ -65,29 +38,21 @@ class TextState:
     sampling: TextSamplingParams = field(default_factory=TextSamplingParams)
     max_context_len: int | None = None
     processor: Any = None
-    sessions: Any = None
-    in_flight: InFlightRequests = field(default_factory=InFlightRequests)
-    tokenize_threads: int = field(default_factory=lambda: _default_tokenize_threads())
-    _stopping: bool = False
+    vocab_size: int | None = None
+    tokenize_threads: int = 1
+    _payload: dict[str, Any] = field(init=False, repr=False)
     _limiter: anyio.CapacityLimiter | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        threads = self.tokenize_threads
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ConfigError(f"TextState.tokenize_threads must be an int >= 1, got {threads!r}")
+        check_int("TextContext", "tokenize_threads", self.tokenize_threads)
+        check_int("TextContext", "max_context_len", self.max_context_len, optional=True)
+        check_int("TextContext", "vocab_size", self.vocab_size, optional=True)
+        # Built once: the sampling params were checked when made.
+        self._payload = self.sampling.to_payload()
 
-    @property
-    def stopping(self) -> bool:
-        """Whether the rollout stopped early: send nothing new."""
-        return self._stopping
-
-    def request_stop(self) -> None:
-        """Early stop: generate functions send nothing new from now on."""
-        self._stopping = True
-
-    def reset_stop(self) -> None:
-        """A new rollout starts: sending is allowed again."""
-        self._stopping = False
+    def sampling_params(self) -> dict[str, Any]:
+        """A fresh copy of the default ``sampling_params`` (its lists copied too)."""
+        return {k: list(v) if type(v) is list else v for k, v in self._payload.items()}
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` (tokenizing, chat templating) in a worker thread.
@@ -103,10 +68,3 @@ class TextState:
         return await anyio.to_thread.run_sync(
             fn, *args, abandon_on_cancel=True, limiter=self._limiter
         )
-
-
-def _default_tokenize_threads() -> int:
-    # Measured on 2 busy cores (benchmarks/tokenize_loop_lag.py, 8 prompts of 79k
-    # tokens): 1 thread kept the loop's worst wake-up at ~25 ms, 2 at ~40 ms, 8 at
-    # ~150 ms, for the same wall time: the Rust tokenizer already uses the spare cores.
-    return max(1, min(4, (os.cpu_count() or 1) // 4))

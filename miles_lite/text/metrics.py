@@ -44,13 +44,11 @@ def text_metrics(
             )
     metrics.update(_zero_std(samples, reward_key))
     metrics.update(_weight_versions(live))
-    flagged = [
-        s.metadata["tito_session_mismatch"]
-        for s in samples
-        if "tito_session_mismatch" in s.metadata
-    ]
-    if flagged:
-        metrics["rollout/tito_session_mismatch_rate"] = sum(map(bool, flagged)) / len(flagged)
+    sessions = [s.session for s in samples if s.session is not None]
+    if sessions:
+        metrics["rollout/tito_session_mismatch_rate"] = sum(
+            bool(session.tito_mismatches) for session in sessions
+        ) / len(sessions)
     return metrics
 
 

@@ -14,9 +14,9 @@ from miles_lite.agentic.server import SessionServer, SessionServerConfig
 from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RouterConfig
 from miles_lite.engine.router import Router
+from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
-from miles_lite.text.context import TextState
 
 from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
 
@@ -37,9 +37,12 @@ RULES = (
 
 @dataclass
 class Stack:
+    """Stand-in engines, their router, a session server over it, and a run its sessions
+    are opened in."""
+
     engines: list[TextStandInEngine]
     router: Router
-    state: TextState
+    run: RunContext
     server: SessionServer
 
 
@@ -72,14 +75,9 @@ def stack(tokenizer: Any) -> OpenStack:
                     [e.url for e in opened], client, RouterConfig(max_inflight_per_engine=4)
                 ) as router,
             ):
-                state = TextState(
-                    tokenizer=tokenizer,
-                    router=router,
-                    sampling=TextSamplingParams(max_new_tokens=max_new_tokens),
-                )
-                async with SessionServer(state, server_config) as server:
-                    state.sessions = server
-                    yield Stack(engines=opened, router=router, state=state, server=server)
+                sampling = TextSamplingParams(max_new_tokens=max_new_tokens)
+                async with SessionServer(router, sampling, server_config) as server:
+                    yield Stack(engines=opened, router=router, run=RunContext(0), server=server)
         finally:
             for engine in opened:
                 await engine.aclose()

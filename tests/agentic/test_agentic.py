@@ -10,13 +10,14 @@ import anyio
 import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
-from miles_lite.agentic.agent import AgentGenerate, chat_request_kwargs
-from miles_lite.agentic.server import SessionServer
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy
+from miles_lite.agentic.agent import AbortContext, AgentGenerate
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.errors import AgentError, ConfigError
+from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import GenerateFnInput
+from miles_lite.sglang.sampling import chat_request_kwargs
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
-from miles_lite.text.context import TextState
+from miles_lite.text.context import TextContext
 from miles_lite.types import Sample, SampleStatus
 
 from . import agents, agents_plain
@@ -42,21 +43,25 @@ def agentic(tokenizer: Any) -> Open:
         engine_config = engine_config or TextStandInConfig(policy=TextPolicy(rules=RULES))
         config.setdefault("n_samples_per_prompt", 1)
         config.setdefault("sampling", TextSamplingParams(max_new_tokens=64))
+        config.setdefault(
+            "engines",
+            EngineConfig(
+                router=RouterConfig(max_inflight_per_engine=64),
+                client=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
+            ),
+        )
         async with (
             TextStandInEngine(engine_config, tokenizer) as engine,
             TextRollout.open(
                 [engine.url],
                 tokenizer=tokenizer,
                 config=TextRolloutConfig(**config),
-                client_config=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
                 generate=generate,
                 rewards=rewards,
             ) as rollout,
-            SessionServer(rollout.state) as server,
         ):
-            rollout.state.sessions = server
             yield rollout, engine
-            assert server.session_ids() == []  # every session was closed
+            assert generate.server.session_ids() == []  # every session was closed
 
     return open_rollout
 
@@ -69,9 +74,9 @@ async def test_agent_samples_are_merged_trajectories_with_the_agents_reward(
     assert len(result.samples) == 2
     for sample in result.samples:
         assert sample.status is SampleStatus.COMPLETED, sample.error
-        assert sample.reward == 1.0 and sample.metadata["turns"] == 4
-        assert sample.metadata["tito_session_mismatch"] == 0
-        assert sample.metadata["session_turns"] == 2
+        assert sample.reward == 1.0 and sample.metadata["turns"] == 4  # the agent's own
+        assert sample.session is not None
+        assert (sample.session.turns, sample.session.tito_mismatches) == (2, 0)
         assert sample.loss_mask is not None and 0 in sample.loss_mask
         assert len(sample.loss_mask) == sample.response_length
         assert sample.prompt == ADD
@@ -81,14 +86,9 @@ async def test_agent_samples_are_merged_trajectories_with_the_agents_reward(
     assert all(body.get("max_tokens") == 64 for body in engine.stats.requests)
 
 
-async def test_agent_loaded_by_dotted_path_and_scored_by_the_pool(
-    agentic: Open, tokenizer: Any
-) -> None:
-    generate = AgentGenerate()
+async def test_a_plain_agent_without_a_reward_gets_none(agentic: Open, tokenizer: Any) -> None:
+    generate = AgentGenerate(agents_plain.run_agent)
     async with agentic(generate) as (rollout, _):
-        rollout.generate_options["custom_agent_function_path"] = (
-            "tests.agentic.agents_plain.run_agent"
-        )
         result = await rollout.run(["What is 2+3?"])
     (sample,) = result.samples
     assert sample.status is SampleStatus.COMPLETED and sample.reward is None  # no pool set
@@ -135,9 +135,8 @@ async def test_early_stop_calls_the_abort_hook_exactly_once(agentic: Open) -> No
 
 
 async def test_abort_without_a_hook_is_fine_and_a_raising_hook_is_reported() -> None:
-    class Ctx:
-        rollout_id = 3
-        session_ids: tuple[str, ...] = ()
+    def Ctx() -> RunContext:
+        return RunContext(3)
 
     plain = AgentGenerate(agents_plain.run_agent)
     result = await plain.abort(Ctx())
@@ -159,14 +158,18 @@ async def test_abort_without_a_hook_is_fine_and_a_raising_hook_is_reported() -> 
     # the module's own hook is found
     agents.ABORT_CALLS.clear()
     assert (await AgentGenerate(agents.run_agent).abort(Ctx())).called
-    assert len(agents.ABORT_CALLS) == 1 and isinstance(agents.ABORT_CALLS[0], Ctx)
+    assert [AbortContext(rollout_id=3, session_ids=())] == agents.ABORT_CALLS
 
 
 async def test_misconfiguration_is_a_config_error(tokenizer: Any) -> None:
-    state = TextState(tokenizer=tokenizer, router=None)  # type: ignore[arg-type]
-    fn_input = GenerateFnInput(samples=[Sample(prompt=ADD)], sampling_params={}, state=state)
-    with pytest.raises(ConfigError, match="SessionServer"):
+    context = TextContext(tokenizer=tokenizer, router=None)  # type: ignore[arg-type]
+    fn_input = GenerateFnInput(
+        samples=[Sample(prompt=ADD)], sampling_params={}, context=context, run=RunContext(0)
+    )
+    with pytest.raises(ConfigError, match="no session server"):  # never bound to a rollout
         await AgentGenerate(agents.run_agent)(fn_input)
+    with pytest.raises(ConfigError, match="sessions"):
+        AgentGenerate(agents.run_agent, sessions="http://x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="mode"):
         AgentGenerate(agents.run_agent, mode="tree")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="run_agent"):
@@ -202,7 +205,7 @@ async def test_a_sync_agent_runs_in_a_thread_and_a_sync_hook_too(agentic: Open) 
         result = await rollout.run(["What is 2+3?"])
         (sample,) = result.samples
         assert sample.status is SampleStatus.COMPLETED and sample.metadata["finish"] == "stop"
-        assert (await generate.abort(object())).called and len(calls) == 1
+        assert (await generate.abort(RunContext(0))).called and len(calls) == 1
 
 
 async def test_a_dropped_think_block_splits_the_trajectory_and_is_counted(agentic: Open) -> None:
@@ -210,8 +213,10 @@ async def test_a_dropped_think_block_splits_the_trajectory_and_is_counted(agenti
         result = await rollout.run(["Think first", "Say hi"])
     thinking = [s for s in result.samples if s.prompt == "Think first"]
     plain = [s for s in result.samples if s.prompt == "Say hi"]
-    assert len(thinking) == 2 and all(s.metadata["tito_session_mismatch"] == 1 for s in thinking)
-    assert len(plain) == 1 and plain[0].metadata["tito_session_mismatch"] == 0
+    assert len(thinking) == 2
+    assert all(s.session is not None and s.session.tito_mismatches == 1 for s in thinking)
+    assert len(plain) == 1 and plain[0].session is not None
+    assert plain[0].session.tito_mismatches == 0
     assert all(s.status is SampleStatus.COMPLETED and s.reward == 1.0 for s in result.samples)
     assert result.metrics["rollout/tito_session_mismatch_rate"] == pytest.approx(2 / 3)
 

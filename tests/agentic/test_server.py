@@ -41,7 +41,7 @@ async def test_tool_calling_agent_yields_one_merged_sample_with_engine_ids(
     stack: OpenStack, clients: Clients, tokenizer: Any
 ) -> None:
     async with stack() as s:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         await tool_agent(clients(session.base_url))
         records = await s.server.close_session(session.id)
     assert len(records) == 2
@@ -76,14 +76,13 @@ async def test_tool_calling_agent_yields_one_merged_sample_with_engine_ids(
     assert sample.response_length == len(sample.loss_mask)
     assert sample.status is SampleStatus.COMPLETED
     assert "<tool_response>\n5\n</tool_response>" in sample.response
-    assert sample.metadata["tito_session_mismatch"] == 0
 
 
 async def test_qwen3_template_dropping_think_splits_the_sample(
     stack: OpenStack, clients: Clients, tokenizer: Any
 ) -> None:
     async with stack() as s:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Think first"}]
         answer = await oa.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
@@ -97,14 +96,13 @@ async def test_qwen3_template_dropping_think_splits_the_sample(
     result = assemble_samples(records, Sample(prompt=messages))
     assert result.mismatches == 1 and len(result.samples) == 2
     assert [x.tokens for x in result.samples] == [r.prompt_ids + r.output_ids for r in records]
-    assert all(x.metadata["tito_session_mismatch"] == 1 for x in result.samples)
 
 
 async def test_agent_rewriting_history_splits_the_sample(
     stack: OpenStack, clients: Clients
 ) -> None:
     async with stack() as s:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         await oa.chat.completions.create(model="m", messages=ADD, tools=TOOLS)  # type: ignore[arg-type]
         rewritten = [
@@ -122,8 +120,8 @@ async def test_bearer_key_route_reaches_the_same_session(
     stack: OpenStack, clients: Clients
 ) -> None:
     async with stack() as s:
-        session = await s.server.open_session()
-        other = await s.server.open_session()
+        session = await s.server.open_session(s.run)
+        other = await s.server.open_session(s.run)
         oa = clients(s.server.openai_base_url, api_key=session.api_key)
         models = await oa.models.list()
         assert [m.id for m in models.data] == ["miles-lite"]
@@ -143,7 +141,7 @@ async def test_bearer_key_route_reaches_the_same_session(
 async def test_concurrent_request_on_one_session_is_409(stack: OpenStack, clients: Clients) -> None:
     slow = TextStandInConfig(policy=TextPolicy(default_length=40), token_latency_s=0.01)
     async with stack(engine_config=slow) as s:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         results: list[Any] = []
 
@@ -204,14 +202,14 @@ async def test_http_routes_and_their_errors(stack: OpenStack) -> None:
         assert (stats.bad_requests, stats.too_large, stats.recorded) == (2, 1, 1)
         assert stats.open_sessions == 0
     with pytest.raises(ClosedResourceError):
-        await s.server.open_session()
+        await s.server.open_session(s.run)
     with pytest.raises(SessionError):
         await s.server.close_session(sid)
 
 
 async def test_streaming_is_one_chunk_then_done(stack: OpenStack, clients: Clients) -> None:
     async with stack() as s:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         stream = await oa.chat.completions.create(model="m", messages=ADD, tools=TOOLS, stream=True)  # type: ignore[arg-type]
         chunks = [chunk async for chunk in stream]
@@ -225,7 +223,7 @@ async def test_engine_error_passes_through_and_other_sessions_go_on(
     stack: OpenStack, clients: Clients
 ) -> None:
     async with stack() as s:
-        bad, good = await s.server.open_session(), await s.server.open_session()
+        bad, good = await s.server.open_session(s.run), await s.server.open_session(s.run)
         # SGLang refuses a sampling key it does not know: the agent sees the engine's 400.
         with pytest.raises(openai.BadRequestError):
             await clients(bad.base_url).chat.completions.create(
@@ -243,7 +241,7 @@ async def test_engine_gone_mid_session_is_502_with_the_reason(
     stack: OpenStack, clients: Clients
 ) -> None:
     async with stack() as s:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         await oa.chat.completions.create(model="m", messages=ADD, tools=TOOLS)  # type: ignore[arg-type]
         await s.engines[0].aclose()
@@ -256,7 +254,7 @@ async def test_engine_gone_mid_session_is_502_with_the_reason(
 async def test_agent_disconnect_aborts_its_rid_at_the_engine(stack: OpenStack) -> None:
     slow = TextStandInConfig(policy=TextPolicy(default_length=500), token_latency_s=0.01)
     async with stack(engine_config=slow, max_new_tokens=500) as s, aiohttp.ClientSession() as http:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         engine = s.engines[0]
         with anyio.move_on_after(0.3):
             await http.post(f"{session.base_url}/chat/completions", json={"messages": ADD})
@@ -269,13 +267,13 @@ async def test_agent_disconnect_aborts_its_rid_at_the_engine(stack: OpenStack) -
                     break
                 await anyio.sleep(0.02)
         assert [a.get("rid") for a in engine.stats.aborts] != []
-        assert len(s.state.in_flight) == 0
+        assert len(s.run.in_flight) == 0
         assert await s.server.close_session(session.id) == []
 
 
 async def test_abort_answers_later_requests_with_abort(stack: OpenStack, clients: Clients) -> None:
     async with stack() as s:
-        session, other = await s.server.open_session(), await s.server.open_session()
+        session, other = await s.server.open_session(s.run), await s.server.open_session(s.run)
         await s.server.abort([session.id])
         answer = await clients(session.base_url).chat.completions.create(
             model="m",
@@ -284,7 +282,7 @@ async def test_abort_answers_later_requests_with_abort(stack: OpenStack, clients
         assert answer.choices[0].finish_reason == "abort"
         fine = await clients(other.base_url).chat.completions.create(model="m", messages=ADD)  # type: ignore[arg-type]
         assert fine.choices[0].finish_reason == "stop"
-        s.state.request_stop()  # the rollout's early stop reaches every session
+        s.run.stop.set()  # the rollout's early stop reaches every session
         stopped = await clients(other.base_url).chat.completions.create(
             model="m",
             messages=ADD,  # type: ignore[arg-type]
@@ -309,9 +307,9 @@ async def test_nothing_is_left_after_the_server_closes(stack: OpenStack, clients
     before = {t.get_name() for t in asyncio.all_tasks()}
     async with stack() as s:
         url = s.server.url
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         await tool_agent(clients(session.base_url))
-        await s.server.open_session()  # left open: dropped on close
+        await s.server.open_session(s.run)  # left open: dropped on close
     assert s.server.statistics().open_sessions == 0
     left = {t.get_name() for t in asyncio.all_tasks()} - before
     assert left == set(), left
@@ -323,7 +321,7 @@ async def test_nothing_is_left_after_the_server_closes(stack: OpenStack, clients
 async def test_closing_a_session_aborts_its_request_in_flight(stack: OpenStack) -> None:
     slow = TextStandInConfig(policy=TextPolicy(default_length=500), token_latency_s=0.01)
     async with stack(engine_config=slow, max_new_tokens=500) as s, aiohttp.ClientSession() as http:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         answers: list[Any] = []
 
         async def ask() -> None:
@@ -344,7 +342,7 @@ async def test_closing_a_session_aborts_its_request_in_flight(stack: OpenStack) 
 
 async def test_each_session_keeps_one_engine(stack: OpenStack, clients: Clients) -> None:
     async with stack(engines=2) as s:
-        sessions = [await s.server.open_session() for _ in range(4)]
+        sessions = [await s.server.open_session(s.run) for _ in range(4)]
         async with anyio.create_task_group() as tg:
             for session in sessions:
                 tg.start_soon(tool_agent, clients(session.base_url))
@@ -356,7 +354,7 @@ async def test_each_session_keeps_one_engine(stack: OpenStack, clients: Clients)
 async def test_a_long_answer_reaches_the_agent_whole(stack: OpenStack, clients: Clients) -> None:
     long = TextStandInConfig(policy=TextPolicy(default_length=1500))
     async with stack(engine_config=long, max_new_tokens=2000) as s:
-        session = await s.server.open_session()
+        session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         answer = await oa.chat.completions.create(model="m", messages=ADD, logprobs=True)  # type: ignore[arg-type]
         (record,) = await s.server.close_session(session.id)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from aiohttp import web
 
+from miles_lite.diffusion.config import DiffusionRolloutConfig
 from miles_lite.diffusion.rollout import DiffusionRollout
-from miles_lite.rollout.config import DiffusionRolloutConfig
 from miles_lite.types import Sample, SampleStatus
 
 pytestmark = pytest.mark.anyio

@@ -16,10 +16,9 @@ import pytest
 
 from miles_lite.engine.client import EngineClient
 from miles_lite.errors import EngineStatusError, SamplingParamsError
+from miles_lite.sglang.generate_wire import build_generate_payload
 from miles_lite.sglang.sampling import SAMPLING_KEYS
 from miles_lite.testing import TextStandInConfig, TextStandInEngine
-from miles_lite.text.request import build_generate_payload
-from miles_lite.types import Sample
 
 from .shapes import differences, shape_of_all
 
@@ -104,9 +103,8 @@ async def test_real_answers_satisfy_sglangs_contract(
 async def test_library_payload_satisfies_contract_and_is_accepted(
     sglang_url: str, api_types: ModuleType
 ) -> None:
-    sample = Sample(prompt="hi", seed=11)
     payload = build_generate_payload(
-        sample, PROMPT_IDS, {"max_new_tokens": 3, "temperature": 0.7, "top_p": 0.9}
+        PROMPT_IDS, {"max_new_tokens": 3, "temperature": 0.7, "top_p": 0.9}, seed=11
     )
     request = api_types.GenerateRequest.from_json_value(payload)
     assert request.sampling_params.sampling_seed == 11
@@ -135,7 +133,7 @@ async def test_unknown_sampling_key_is_sglangs_400(
     assert "unknown field `max_tokens`" in str(info.value.body_excerpt)
     # The library refuses it before sending, naming the key SGLang wants.
     with pytest.raises(SamplingParamsError, match="max_new_tokens"):
-        build_generate_payload(Sample(), PROMPT_IDS, {"max_tokens": 4})
+        build_generate_payload(PROMPT_IDS, {"max_tokens": 4})
 
 
 async def test_library_sampling_keys_are_sglangs(

@@ -16,8 +16,8 @@ from miles_lite.agentic.server import SessionServer
 from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RouterConfig
 from miles_lite.engine.router import Router
+from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams
-from miles_lite.text.context import TextState
 from miles_lite.types import Sample
 from tests.agentic.agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
 
@@ -29,13 +29,9 @@ async def session_server(url: str, tokenizer: Any) -> AsyncIterator[SessionServe
     async with (
         EngineClient(EngineClientConfig(total_timeout_s=120.0)) as client,
         Router([url], client, RouterConfig(max_inflight_per_engine=4)) as router,
+        SessionServer(router, TextSamplingParams(max_new_tokens=6)) as server,
     ):
-        state = TextState(
-            tokenizer=tokenizer, router=router, sampling=TextSamplingParams(max_new_tokens=6)
-        )
-        async with SessionServer(state) as server:
-            state.sessions = server
-            yield server
+        yield server
 
 
 def chat_client(base_url: str) -> openai.AsyncOpenAI:
@@ -58,7 +54,7 @@ async def test_one_turn_session_records_the_real_servers_ids(
 ) -> None:
     messages = [{"role": "user", "content": "What is 2+3?"}]
     async with session_server(sglang_url, tokenizer) as server:
-        session = await server.open_session()
+        session = await server.open_session(RunContext(0))
         oa = chat_client(session.base_url)
         try:
             answer = await oa.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
@@ -88,7 +84,7 @@ async def test_rewritten_history_through_the_real_template_is_detected(
 ) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Think first"}]
     async with session_server(sglang_url, tokenizer) as server:
-        session = await server.open_session()
+        session = await server.open_session(RunContext(0))
         oa = chat_client(session.base_url)
         try:
             # A random model rarely stops by itself, and merging ends at a turn that is not

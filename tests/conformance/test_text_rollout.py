@@ -16,12 +16,12 @@ import aiohttp
 import anyio
 import pytest
 
-from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.config import EngineConfig, RouterConfig
 from miles_lite.rollout.contract import GenerateFn, GenerateFnInput
 from miles_lite.sglang.sampling import TextSamplingParams
-from miles_lite.text import multi_turn, single_turn
-from miles_lite.text.request import check_text_sample
+from miles_lite.text.multi_turn import MultiTurn, MultiTurnOptions
 from miles_lite.text.rollout import TextRollout, TextRolloutConfig
+from miles_lite.text.single_turn import generate as single_turn
 from miles_lite.text.tool_calls import ToolCall
 from miles_lite.types import SampleStatus
 
@@ -34,17 +34,12 @@ async def rollout_on(
     tokenizer: Any,
     *,
     generate: GenerateFn | None = None,
-    generate_options: dict[str, Any] | None = None,
     **config: Any,
 ) -> AsyncIterator[TextRollout]:
     config.setdefault("sampling", TextSamplingParams(max_new_tokens=8))
+    config.setdefault("engines", EngineConfig(router=RouterConfig(max_inflight_per_engine=64)))
     async with TextRollout.open(
-        [url],
-        tokenizer=tokenizer,
-        config=TextRolloutConfig(**config),
-        client_config=EngineClientConfig(),
-        generate=generate,
-        generate_options=generate_options,
+        [url], tokenizer=tokenizer, config=TextRolloutConfig(**config), generate=generate
     ) as rollout:
         yield rollout
 
@@ -64,7 +59,7 @@ async def test_single_turn_samples_hold_the_real_servers_tokens(
     chat_ids = chat_ids if isinstance(chat_ids, list) else list(chat_ids["input_ids"])
     for sample in result.samples:
         assert sample.error is None, sample.error
-        check_text_sample(sample)
+        sample.validate()
         assert sample.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
         assert 0 < sample.response_length <= 8
         if sample.status is SampleStatus.TRUNCATED:
@@ -85,7 +80,7 @@ async def test_weight_version_update_between_rollouts_shows_in_samples(
     async with rollout_on(sglang_url, tokenizer) as rollout:
         before = await rollout.run(["Hello there"])
         version = f"step-{uuid.uuid4().hex[:6]}"
-        reply = await rollout.state.router.client.post_json(
+        reply = await rollout.context.router.client.post_json(
             sglang_url, "/update_weight_version", {"new_version": version}
         )
         assert reply["success"] is True
@@ -109,32 +104,31 @@ async def echo(name: str, arguments: dict[str, Any]) -> str:
 async def test_multi_turn_samples_hold_every_turn_of_the_real_server(
     sglang_url: str, tokenizer: Any
 ) -> None:
-    options = {
-        "generate_max_turns": 3,
-        "generate_tool_call_parser": lambda text: [ToolCall(name="lookup", arguments={"q": 1})],
-        "generate_execute_tool_function_path": echo,
-    }
+    options = MultiTurnOptions(
+        max_turns=3,
+        parser=lambda text: [ToolCall(name="lookup", arguments={"q": 1})],
+        execute_tool=echo,
+    )
     async with rollout_on(
         sglang_url,
         tokenizer,
-        generate=multi_turn.generate,
-        generate_options=options,
+        generate=MultiTurn(options),
         n_samples_per_prompt=2,
         sampling=EVERY_TOKEN_STOPS,
     ) as rollout:
         result = await rollout.run(["Look something up, then answer."])
-        client = rollout.state.router.client
+        client = rollout.context.router.client
         for sample in result.samples:
             assert sample.error is None, sample.error
-            check_text_sample(sample)
+            sample.validate()
             assert sample.status is SampleStatus.TRUNCATED
             mask, log_probs = sample.loss_mask, sample.rollout_log_probs
             assert mask is not None and isinstance(log_probs, list)
-            assert sample.metadata["turns"] == 3
-            assert sample.metadata["truncated_reason"] == "max_turns"
+            assert sample.turns == 3
+            assert sample.status_reason == "max_turns"
             # The last turn's real finish reason: a stop token, the one it generated.
-            assert sample.metadata["finish_reason"] == "stop"
-            assert sample.metadata["matched_stop"] == sample.tokens[-1 - mask[::-1].index(1)]
+            assert sample.finish_reason == "stop"
+            assert sample.matched_stop == sample.tokens[-1 - mask[::-1].index(1)]
             # one model token (mask 1) then the tool turn's tokens (mask 0), three times
             starts = [i for i, m in enumerate(mask) if m == 1]
             assert len(starts) == 3 and starts[0] == 0
@@ -182,7 +176,7 @@ async def test_oversampled_rollout_stops_early_with_partial_output_then_resumes(
                     await anyio.sleep(0.1)
             await anyio.sleep(1.0)
             input.sampling_params["max_new_tokens"] = 1
-        return await single_turn.generate(input)
+        return await single_turn(input)
 
     budget = 400  # far more than the others can make while group 0 waits
     async with rollout_on(
@@ -202,7 +196,7 @@ async def test_oversampled_rollout_stops_early_with_partial_output_then_resumes(
         for sample in partial:
             assert sample.status is SampleStatus.ABORTED, (sample.status, sample.error)
             assert 0 < sample.response_length < budget
-            check_text_sample(sample)
+            sample.validate()
             assert sample.reward is None
         resumed_from = {s.seed: s.tokens for s in partial}
         # Resume to a few tokens past the longest partial output (not the whole budget:
@@ -214,12 +208,12 @@ async def test_oversampled_rollout_stops_early_with_partial_output_then_resumes(
             over_sampling_batch_size=None,
             sampling=TextSamplingParams(max_new_tokens=until, extra={"ignore_eos": True}),
         )
-        resume = TextRollout(config=everything, router=rollout.state.router, tokenizer=tokenizer)
+        resume = TextRollout(config=everything, router=rollout.context.router, tokenizer=tokenizer)
         second = await resume.run(first.partial)
     assert len(second.samples) == 4
     for sample in second.samples:
         assert sample.error is None, sample.error
-        check_text_sample(sample)
+        sample.validate()
         assert sample.status is SampleStatus.TRUNCATED and sample.response_length == until
         before = resumed_from[sample.seed]
         assert sample.tokens[: len(before)] == before  # continued, not started over

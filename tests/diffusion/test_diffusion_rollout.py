@@ -8,6 +8,8 @@ import anyio
 import pytest
 import torch
 
+from miles_lite.cli import load_function
+from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.diffusion.generate import generate_diffusion
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
@@ -22,8 +24,7 @@ from miles_lite.errors import (
 )
 from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.pools.reward_pool import RewardPool
-from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.rollout.contract import GenerateFnInput, load_function
+from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.testing import StandInConfig, StandInEngine, synthetic_body, synthetic_sample
@@ -59,7 +60,7 @@ async def rollout_over(
         Router(urls, client, router_config) as router,
     ):
         yield DiffusionRollout(
-            config=config, client=client, router=router, parser=parser, rewards=rewards, **kwargs
+            config=config, router=router, parser=parser, rewards=rewards, **kwargs
         )
 
 

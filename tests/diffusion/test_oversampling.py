@@ -11,6 +11,7 @@ import anyio
 import psutil
 import pytest
 
+from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
@@ -18,7 +19,6 @@ from miles_lite.engine.router import Router
 from miles_lite.errors import FilterError
 from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.pools.reward_pool import RewardPool
-from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.rollout.filters import FilterResult
 from miles_lite.testing import StandInConfig, StandInEngine
 from miles_lite.types import Sample, SampleStatus
@@ -48,7 +48,6 @@ async def oversampled(
     ):
         yield DiffusionRollout(
             config=rollout_config,
-            client=client,
             router=router,
             parser=parser,
             rewards=rewards,

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.diffusion.rollout import DiffusionRollout
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.engine.router import Router
 from miles_lite.pools.parser_pool import ParserPool
-from miles_lite.rollout.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.testing import StandInConfig, StandInEngine
 from miles_lite.types import SampleStatus
 
@@ -43,21 +43,20 @@ async def test_with_one_of_two_engines_dead_no_sample_is_lost(
         sampling=DiffusionSamplingParams(num_inference_steps=2),
         transport="inline" if transport == "inline" else "pool",
         fetch_in_parser=transport == "pool-fetch",
+        # Health probes far apart: the dead engine stays in rotation, so leases keep
+        # landing on it and only the retries can save those samples.
+        engines=EngineConfig(
+            router=RouterConfig(
+                max_inflight_per_engine=4, health_interval_s=60.0, failure_threshold=100
+            ),
+            client=EngineClientConfig(
+                retry=RetryPolicy(max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.001)
+            ),
+        ),
     )
-    # Health probes far apart: the dead engine stays in rotation, so leases keep landing
-    # on it and only the retries can save those samples.
-    router_config = RouterConfig(
-        max_inflight_per_engine=4, health_interval_s=60.0, failure_threshold=100
-    )
-    retry = RetryPolicy(max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.001)
     async with (
         StandInEngine(StandInConfig()) as live,
-        DiffusionRollout.open(
-            [dead_url, live.url],
-            config=config,
-            client_config=EngineClientConfig(retry=retry),
-            router_config=router_config,
-        ) as rollout,
+        DiffusionRollout.open([dead_url, live.url], config=config) as rollout,
     ):
         result = await rollout.run([f"prompt {i}" for i in range(6)])
     assert len(result.samples) == 24

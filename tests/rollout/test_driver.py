@@ -12,6 +12,7 @@ import pytest
 
 from miles_lite.errors import FilterError, GenerateError, RewardError
 from miles_lite.pools.worker_pool import PoolWindow
+from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.driver import Driver
 from miles_lite.rollout.filters import FilterResult, drop_aborted, drop_zero_std
 from miles_lite.rollout.scoring import Scorer
@@ -39,7 +40,7 @@ class Kind:
     def units(self, group: list[Sample]) -> list[list[Sample]]:
         return [[s] for s in group]
 
-    async def generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
+    async def generate(self, unit: list[Sample], span: UnitSpan, run: RunContext) -> list[Sample]:
         sample = unit[0]
         self.sent.append(sample.index)
         if sample.prompt == "raise":
@@ -53,16 +54,14 @@ class Kind:
         sample.response = f"done {sample.index}"
         return unit
 
-    async def abort(self) -> None:
+    async def abort(self, run: RunContext, *, alone: bool) -> dict[str, float]:
         self.aborts += 1
         self.aborted.set()
+        return {"kind/aborted": 1.0}
 
     @contextmanager
-    def measure(self) -> Iterator[Callable[[], dict[str, float]]]:
-        yield lambda: {"kind/measured": 1.0}
-
-    def sample_metrics(self, samples: list[Sample]) -> dict[str, float]:
-        return {"kind/samples": float(len(samples))}
+    def measure(self) -> Iterator[Callable[[list[Sample], float], dict[str, float]]]:
+        yield lambda kept, elapsed: {"kind/measured": 1.0, "kind/samples": float(len(kept))}
 
 
 class Pool:
@@ -164,8 +163,9 @@ async def test_the_stop_is_bounded_when_work_never_comes_back() -> None:
     assert 0.25 < result.metrics["perf/stop_time"] < 3
 
 
-async def _never_returns() -> None:
+async def _never_returns(run: RunContext, *, alone: bool) -> dict[str, float]:
     await anyio.sleep_forever()
+    return {}
 
 
 async def test_a_filter_that_raises_fails_its_group_only() -> None:
@@ -245,12 +245,14 @@ async def test_groups_start_as_earlier_ones_finish_under_max_started_samples() -
     running = peak = 0
 
     class Counting(Kind):
-        async def generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
+        async def generate(
+            self, unit: list[Sample], span: UnitSpan, run: RunContext
+        ) -> list[Sample]:
             nonlocal running, peak
             running += 1
             peak = max(peak, running)
             try:
-                return await super().generate(unit, span)
+                return await super().generate(unit, span, run)
             finally:
                 running -= 1
 

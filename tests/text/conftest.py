@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -12,10 +13,13 @@ import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.client import EngineClient
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.engine.router import Router
+from miles_lite.rollout.context import RunContext
+from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.testing import TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
-from miles_lite.text.context import TextState
+from miles_lite.text.context import TextContext
+from miles_lite.types import Sample
 
 #: What the scripted model answers: tool calls for arithmetic, a boxed answer otherwise.
 RULES = (
@@ -33,18 +37,41 @@ RULES = (
 )
 
 
-OpenState = Callable[..., AbstractAsyncContextManager[tuple[TextState, TextStandInEngine]]]
+@dataclass
+class Direct:
+    """A text context over one stand-in and a run in it, to call generate functions
+    directly (no rollout driver)."""
+
+    context: TextContext
+    run: RunContext
+
+    def input(self, sample: Sample, **params: Any) -> GenerateFnInput[TextContext]:
+        """The input of one call on ``sample``, the default sampling updated by ``params``."""
+        return GenerateFnInput(
+            samples=[sample],
+            sampling_params={**self.context.sampling_params(), **params},
+            context=self.context,
+            run=self.run,
+        )
+
+    def new_run(self) -> None:
+        """A new run (the last one stopped)."""
+        self.run = RunContext(self.run.rollout_id + 1)
+
+
+OpenState = Callable[..., AbstractAsyncContextManager[tuple[Direct, TextStandInEngine]]]
 
 
 @pytest.fixture
 def text_state(tokenizer: Any) -> OpenState:
-    """``async with text_state(**TextState fields, engine=TextStandInConfig) as (state, engine)``:
-    a TextState over a Router and EngineClient pointing at one stand-in on loopback."""
+    """``async with text_state(**TextContext fields, engine=TextStandInConfig) as (direct,
+    engine)``: a :class:`Direct` over a Router and EngineClient pointing at one stand-in
+    on loopback."""
 
     @asynccontextmanager
     async def open_state(
-        *, engine: TextStandInConfig | None = None, **state_fields: Any
-    ) -> AsyncIterator[tuple[TextState, TextStandInEngine]]:
+        *, engine: TextStandInConfig | None = None, **context_fields: Any
+    ) -> AsyncIterator[tuple[Direct, TextStandInEngine]]:
         config = engine or TextStandInConfig(policy=TextPolicy(rules=RULES))
         stand_in = TextStandInEngine(config, tokenizer)
         await stand_in.__aenter__()
@@ -53,7 +80,8 @@ def text_state(tokenizer: Any) -> OpenState:
                 EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client,
                 Router([stand_in.url], client, RouterConfig(max_inflight_per_engine=8)) as router,
             ):
-                yield TextState(tokenizer=tokenizer, router=router, **state_fields), stand_in
+                context = TextContext(tokenizer=tokenizer, router=router, **context_fields)
+                yield Direct(context, RunContext(0)), stand_in
         finally:
             with anyio.CancelScope(shield=True):
                 await stand_in.aclose()
@@ -81,6 +109,10 @@ def text_rollout(tokenizer: Any) -> OpenRollout:
         config_fields = set(TextRolloutConfig.__dataclass_fields__)
         config = TextRolloutConfig(
             sampling=kwargs.pop("sampling", TextSamplingParams(max_new_tokens=max_new_tokens)),
+            engines=EngineConfig(
+                router=RouterConfig(max_inflight_per_engine=max_inflight_per_engine),
+                client=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
+            ),
             **{k: kwargs.pop(k) for k in list(kwargs) if k in config_fields},
         )
         async with (
@@ -89,8 +121,6 @@ def text_rollout(tokenizer: Any) -> OpenRollout:
                 [e.url for e in running],
                 tokenizer=tokenizer,
                 config=config,
-                client_config=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
-                router_config=RouterConfig(max_inflight_per_engine=max_inflight_per_engine),
                 **kwargs,
             ) as rollout,
         ):

@@ -1,19 +1,16 @@
-"""multi_turn over /generate: tool turns masked out, tool failures, options from flags."""
+"""MultiTurn over /generate in a rollout: tool turns masked out, tool failures, max turns."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import anyio
 import pytest
 
 from miles_lite import SampleStatus
-from miles_lite.errors import ConfigError, ToolError
+from miles_lite.errors import ToolError
 from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, token_logprob
-from miles_lite.text import multi_turn
-from miles_lite.text.multi_turn import MultiTurnOptions
-from miles_lite.text.request import check_text_sample
+from miles_lite.text.multi_turn import MultiTurn, MultiTurnOptions
 from tests.text.conftest import RULES, OpenRollout
 
 pytestmark = pytest.mark.anyio
@@ -26,24 +23,18 @@ async def add(name: str, arguments: dict[str, Any]) -> str:
     return str(arguments["a"] + arguments["b"])
 
 
-def options(**overrides: Any) -> dict[str, Any]:
-    return {
-        "generate_tool_specs_path": TOOLS,
-        "generate_execute_tool_function_path": add,
-        **overrides,
-    }
+def multi_turn(**overrides: Any) -> MultiTurn:
+    return MultiTurn(MultiTurnOptions(**{"tool_specs": TOOLS, "execute_tool": add, **overrides}))
 
 
 async def test_a_tool_turn_is_masked_out_with_log_prob_zero(
     text_rollout: OpenRollout, tokenizer: Any
 ) -> None:
-    async with text_rollout(
-        generate=multi_turn.generate, generate_options=options(), n_samples_per_prompt=1
-    ) as (rollout, (engine,)):
+    async with text_rollout(generate=multi_turn(), n_samples_per_prompt=1) as (rollout, (engine,)):
         result = await rollout.run([[{"role": "user", "content": "Please add 2 and 3."}]])
     (sample,) = result.samples
-    check_text_sample(sample)
-    assert sample.status is SampleStatus.COMPLETED and sample.metadata["turns"] == 1
+    sample.validate()
+    assert sample.status is SampleStatus.COMPLETED and sample.turns == 1
     first, second = engine.stats.requests
     prompt_len = len(first["input_ids"])
     assert sample.tokens[:prompt_len] == first["input_ids"]
@@ -69,14 +60,13 @@ async def test_malformed_tool_json_is_answered_with_a_tool_message(
     text_rollout: OpenRollout, tokenizer: Any
 ) -> None:
     async with text_rollout(
-        generate=multi_turn.generate,
-        generate_options=options(generate_max_turns=2),
+        generate=multi_turn(max_turns=2),
         n_samples_per_prompt=1,
     ) as (rollout, (engine,)):
         result = await rollout.run(["Use the broken tool please."])
     (sample,) = result.samples
     # The model was told, and (scripted) answered the tool message.
-    assert sample.status is SampleStatus.COMPLETED and sample.metadata["turns"] == 1
+    assert sample.status is SampleStatus.COMPLETED and sample.turns == 1
     second = tokenizer.decode(engine.stats.requests[1]["input_ids"])
     assert "malformed tool call JSON" in second
 
@@ -92,10 +82,7 @@ async def test_a_tool_that_fails_fails_its_sample_only(
         return ""
 
     async with text_rollout(
-        generate=multi_turn.generate,
-        generate_options=options(
-            generate_execute_tool_function_path=bad_tool, generate_tool_timeout_s=0.2
-        ),
+        generate=multi_turn(execute_tool=bad_tool, tool_timeout_s=0.2),
         n_samples_per_prompt=1,
     ) as (rollout, _):
         result = await rollout.run(["Please add 2 and 3.", "What is 2+3?"])
@@ -106,26 +93,6 @@ async def test_a_tool_that_fails_fails_its_sample_only(
     assert fine.status is SampleStatus.COMPLETED
 
 
-def test_the_flags_add_arguments_registers_become_options() -> None:
-    parser = argparse.ArgumentParser()
-    multi_turn.generate.add_arguments(parser)  # type: ignore[attr-defined]
-    args = parser.parse_args(
-        [
-            "--generate-max-turns",
-            "3",
-            "--generate-tool-specs-path",
-            "tests.text.test_multi_turn.TOOLS",
-            "--generate-execute-tool-function-path",
-            "tests.text.test_multi_turn.add",
-        ]
-    )
-    resolved = MultiTurnOptions.from_options(vars(args))
-    assert resolved.max_turns == 3 and resolved.tool_specs == TOOLS
-    assert resolved.execute_tool is add
-    with pytest.raises(ConfigError, match="nope"):
-        MultiTurnOptions.from_options({"generate_tool_call_parser": "nope"})
-
-
 async def test_max_turns_ends_the_sample_truncated(text_rollout: OpenRollout) -> None:
     async def always_more(name: str, arguments: dict[str, Any]) -> str:
         return "call again"
@@ -133,15 +100,12 @@ async def test_max_turns_ends_the_sample_truncated(text_rollout: OpenRollout) ->
     loop = TextRule(r"call again|add 2", RULES[1].response)  # every turn calls the tool
     async with text_rollout(
         engine_config=TextStandInConfig(policy=TextPolicy(rules=[loop])),
-        generate=multi_turn.generate,
-        generate_options=options(
-            generate_max_turns=3, generate_execute_tool_function_path=always_more
-        ),
+        generate=multi_turn(max_turns=3, execute_tool=always_more),
         n_samples_per_prompt=1,
     ) as (rollout, (engine,)):
         result = await rollout.run(["Please add 2 and 3."])
     (sample,) = result.samples
-    assert len(engine.stats.requests) == 3 and sample.metadata["turns"] == 3
+    assert len(engine.stats.requests) == 3 and sample.turns == 3
     assert sample.status is SampleStatus.TRUNCATED
-    assert sample.metadata["truncated_reason"] == "max_turns"
-    check_text_sample(sample)
+    assert sample.status_reason == "max_turns"
+    sample.validate()

@@ -10,29 +10,24 @@ import pytest
 from miles_lite.errors import ConfigError, ToolError
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.testing import ADD_TOOLS
-from miles_lite.text import multi_turn
-from miles_lite.text.context import TextState
-from miles_lite.text.multi_turn import MultiTurnOptions
+from miles_lite.text.context import TextContext
+from miles_lite.text.multi_turn import MultiTurn, MultiTurnOptions
+from miles_lite.text.tokenize import encode, render
 from miles_lite.text.tool_calls import ToolCall, ToolCallError
 from miles_lite.types import Sample, SampleStatus
-from tests.text.conftest import OpenState
+from tests.text.conftest import Direct, OpenState
 
 pytestmark = pytest.mark.anyio
 
 TOOLS = ADD_TOOLS  # the stand-in scripts call this "add" tool
 
 
-def _input(state: TextState, prompt: str, execute: Any, **options: Any) -> GenerateFnInput:
-    return GenerateFnInput(
-        samples=[Sample(prompt=prompt)],
-        sampling_params={**state.sampling.to_payload(), "max_new_tokens": 32},
-        state=state,
-        options={
-            "generate_tool_specs_path": TOOLS,
-            "generate_execute_tool_function_path": execute,
-            **options,
-        },
-    )
+def _input(state: Direct, prompt: str) -> GenerateFnInput[TextContext]:
+    return state.input(Sample(prompt=prompt), max_new_tokens=32)
+
+
+def _multi_turn(execute: Any, **options: Any) -> MultiTurn:
+    return MultiTurn(MultiTurnOptions(tool_specs=TOOLS, execute_tool=execute, **options))
 
 
 async def test_tool_specs_reach_the_prompt_and_tool_time_is_recorded(
@@ -43,10 +38,10 @@ async def test_tool_specs_reach_the_prompt_and_tool_time_is_recorded(
         return str(arguments["a"] + arguments["b"])
 
     async with text_state() as (state, engine):
-        inp = _input(state, "Please add 2 and 3.", slow_add)
-        sample = await multi_turn.generate(inp)
+        inp = _input(state, "Please add 2 and 3.")
+        sample = await _multi_turn(slow_add)(inp)
     sample.validate()
-    assert sample.status is SampleStatus.COMPLETED and sample.metadata["turns"] == 1
+    assert sample.status is SampleStatus.COMPLETED and sample.turns == 1
     first_prompt = tokenizer.decode(engine.stats.requests[0]["input_ids"])
     assert '"name": "add"' in first_prompt and "<tools>" in first_prompt
     assert 0.2 <= sample.non_generation_time == inp.span.non_generation_time_s < 5
@@ -61,12 +56,12 @@ async def test_after_an_early_stop_no_new_turn_is_sent(text_state: OpenState) ->
     async with text_state() as (state, engine):
 
         async def add_then_stop(name: str, arguments: dict[str, Any]) -> str:
-            state.request_stop()  # the rollout stops early while the tool runs
+            state.run.stop.set()  # the rollout stops early while the tool runs
             return "5"
 
-        sample = await multi_turn.generate(_input(state, "Please add 2 and 3.", add_then_stop))
+        sample = await _multi_turn(add_then_stop)(_input(state, "Please add 2 and 3."))
     assert len(engine.stats.requests) == 1
-    assert sample.status is SampleStatus.ABORTED
+    assert sample.status is SampleStatus.ABORTED and sample.status_reason == "early_stop"
     sample.validate()  # what it has: the first turn and the tool result
     assert sample.loss_mask is not None and sample.loss_mask[-1] == 0
 
@@ -76,20 +71,14 @@ async def test_each_turn_gets_only_the_room_the_context_leaves(text_state: OpenS
         return "5"
 
     async with text_state() as (probe, _):
-        prompt_len = len(
-            await multi_turn._encode(
-                probe,
-                await multi_turn._render(
-                    probe, [{"role": "user", "content": "Please add 2 and 3."}], TOOLS, True
-                ),
-            )
-        )
+        messages = [{"role": "user", "content": "Please add 2 and 3."}]
+        prompt_len = len(await encode(probe.context, await render(probe.context, messages, TOOLS)))
     context = prompt_len + 60
     async with text_state(max_context_len=context) as (state, engine):
-        sample = await multi_turn.generate(_input(state, "Please add 2 and 3.", add))
+        sample = await _multi_turn(add)(_input(state, "Please add 2 and 3."))
         # A context the prompt fills: nothing is sent.
-        state.max_context_len = prompt_len
-        full = await multi_turn.generate(_input(state, "Please add 2 and 3.", add))
+        state.context.max_context_len = prompt_len
+        full = await _multi_turn(add)(_input(state, "Please add 2 and 3."))
     first, second = engine.stats.requests
     assert first["sampling_params"]["max_new_tokens"] == 32
     assert second["sampling_params"]["max_new_tokens"] == min(
@@ -97,7 +86,7 @@ async def test_each_turn_gets_only_the_room_the_context_leaves(text_state: OpenS
     )
     assert len(sample.tokens) <= context
     assert full.status is SampleStatus.TRUNCATED
-    assert full.metadata["truncated_reason"] == "prompt_too_long"
+    assert full.status_reason == "prompt_too_long"
     assert len(engine.stats.requests) == 2
 
 
@@ -112,38 +101,28 @@ async def test_a_custom_parser_plugs_in(text_state: OpenState) -> None:
         return str(arguments["a"] + arguments["b"])
 
     async with text_state() as (state, _):
-        sample = await multi_turn.generate(
-            _input(state, "What is 2+3?", add, generate_tool_call_parser=shouting_parser)
-        )
-    assert len(seen) == 2 and sample.metadata["turns"] == 1
+        sample = await _multi_turn(add, parser=shouting_parser)(_input(state, "What is 2+3?"))
+    assert len(seen) == 2 and sample.turns == 1
     assert "<tool_response>\n2\n</tool_response>" in sample.response
 
 
 async def test_a_call_without_an_execute_function_fails_the_sample(text_state: OpenState) -> None:
     async with text_state() as (state, _):
-        with pytest.raises(ToolError, match="no execute_tool"):
-            await multi_turn.generate(_input(state, "Please add 2 and 3.", None))
+        with pytest.raises(ToolError, match="execute_tool is not set"):
+            await _multi_turn(None)(_input(state, "Please add 2 and 3."))
 
 
 @pytest.mark.parametrize(
     ("options", "named"),
     [
-        ({"generate_max_turns": 0}, "generate_max_turns"),
-        ({"generate_max_turns": True}, "generate_max_turns"),
-        ({"generate_tool_timeout_s": 0}, "generate_tool_timeout_s"),
-        ({"generate_tool_specs_path": {"name": "add"}}, "generate_tool_specs_path"),
-        ({"generate_tool_specs_path": "no_such_module.TOOLS"}, "no_such_module"),
-        (
-            {"generate_execute_tool_function_path": "tests.text.test_multi_turn_direct.TOOLS"},
-            "not callable",
-        ),
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turns": True}, "max_turns"),
+        ({"tool_timeout_s": 0}, "tool_timeout_s"),
+        ({"tool_specs": {"name": "add"}}, "tool_specs"),
+        ({"parser": "qwen"}, "parser"),
+        ({"execute_tool": TOOLS}, "execute_tool"),
     ],
 )
 def test_bad_options_are_config_errors_naming_them(options: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
-        MultiTurnOptions.from_options(options)
-
-
-def test_tool_specs_may_come_from_a_function() -> None:
-    resolved = MultiTurnOptions.from_options({"generate_tool_specs_path": lambda: TOOLS})
-    assert resolved.tool_specs == TOOLS
+        MultiTurnOptions(**options)

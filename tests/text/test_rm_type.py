@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy
+from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.rewards.text_rewards import dapo_reward, math_reward
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
@@ -19,7 +19,13 @@ pytestmark = pytest.mark.anyio
 
 async def test_each_sample_is_scored_by_its_rm_type(tokenizer: Any) -> None:
     config = TextRolloutConfig(
-        sampling=TextSamplingParams(max_new_tokens=16), n_samples_per_prompt=1, reward="math"
+        sampling=TextSamplingParams(max_new_tokens=16),
+        n_samples_per_prompt=1,
+        reward="math",
+        engines=EngineConfig(
+            router=RouterConfig(max_inflight_per_engine=64),
+            client=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
+        ),
     )
     engine = TextStandInEngine(TextStandInConfig(policy=TextPolicy(rules=RULES)), tokenizer)
     await engine.__aenter__()
@@ -28,7 +34,6 @@ async def test_each_sample_is_scored_by_its_rm_type(tokenizer: Any) -> None:
             [engine.url],
             tokenizer=tokenizer,
             config=config,
-            client_config=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
             rewards={"math": math_reward, "dapo": dapo_reward},
         ) as rollout:
             result = await rollout.run(

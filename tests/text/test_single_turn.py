@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from miles_lite.errors import EngineStatusError, GenerateError, SamplingParamsError
-from miles_lite.rollout.contract import GenerateFnInput
+from miles_lite.errors import ConfigError, EngineStatusError, GenerateError, SamplingParamsError
 from miles_lite.testing import TextPolicy, TextStandInConfig
-from miles_lite.text import benchmark, single_turn
+from miles_lite.text import single_turn
+from miles_lite.text.benchmark import Benchmark
 from miles_lite.types import Sample, SampleStatus
 from tests.text.conftest import OpenState
 
@@ -50,20 +50,14 @@ def processor(tokenizer: Any) -> TinyVisionProcessor:
     return TinyVisionProcessor(tokenizer)
 
 
-def _input(sample: Sample, state: Any, **params: Any) -> GenerateFnInput:
-    return GenerateFnInput(
-        samples=[sample], sampling_params={**state.sampling.to_payload(), **params}, state=state
-    )
-
-
 async def test_text_chat_and_token_prompts(text_state: OpenState, tokenizer: Any) -> None:
     chat = [{"role": "user", "content": "What is 2+3?"}]
     template_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     template_ids = tokenizer.encode(template_ids, add_special_tokens=False)
     async with text_state() as (state, engine):
-        text = await single_turn.generate(_input(Sample(prompt="What is 2+3?"), state))
-        from_chat = await single_turn.generate(_input(Sample(prompt=chat), state))
-        given = await single_turn.generate(_input(Sample(tokens=list(template_ids)), state))
+        text = await single_turn.generate(state.input(Sample(prompt="What is 2+3?")))
+        from_chat = await single_turn.generate(state.input(Sample(prompt=chat)))
+        given = await single_turn.generate(state.input(Sample(tokens=list(template_ids))))
     sent = [r["input_ids"] for r in engine.stats.requests]
     assert sent == [
         tokenizer.encode("What is 2+3?", add_special_tokens=False),
@@ -90,11 +84,11 @@ async def test_a_multimodal_prompt_goes_through_the_processor_with_image_data(
     image = Image.new("RGB", (56, 56), (200, 30, 30))
     sample = Sample(prompt=IMAGE_PROMPT, multimodal_inputs={"images": [image]})
     async with text_state(processor=processor) as (state, engine):
-        out = await single_turn.generate(_input(sample, state))
+        out = await single_turn.generate(state.input(sample))
         with pytest.raises(GenerateError, match="no processor"):
-            state.processor = None
+            state.context.processor = None
             await single_turn.generate(
-                _input(Sample(prompt=IMAGE_PROMPT, multimodal_inputs={"images": [image]}), state)
+                state.input(Sample(prompt=IMAGE_PROMPT, multimodal_inputs={"images": [image]}))
             )
     (request,) = engine.stats.requests
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -112,13 +106,13 @@ async def test_a_prompt_too_long_for_the_context_is_truncated_never_sent(
     text_state: OpenState,
 ) -> None:
     async with text_state(max_context_len=20) as (state, engine):
-        long = await single_turn.generate(_input(Sample(prompt="word " * 40), state))
+        long = await single_turn.generate(state.input(Sample(prompt="word " * 40)))
         # A prompt that fits gets only the room the context leaves.
         short = await single_turn.generate(
-            _input(Sample(prompt="word " * 15), state, max_new_tokens=64)
+            state.input(Sample(prompt="word " * 15), max_new_tokens=64)
         )
     assert long.status is SampleStatus.TRUNCATED
-    assert long.metadata["truncated_reason"] == "prompt_too_long"
+    assert long.status_reason == "prompt_too_long"
     assert long.response_length == 0
     (request,) = engine.stats.requests
     assert request["sampling_params"]["max_new_tokens"] == 20 - len(request["input_ids"])
@@ -131,12 +125,12 @@ async def test_an_aborted_sample_resumes_with_what_is_left_of_its_budget(
     policy = TextPolicy(default_length=50, eos=False)
     async with text_state(engine=TextStandInConfig(policy=policy)) as (state, engine):
         first = await single_turn.generate(
-            _input(Sample(prompt="hello", seed=1), state, max_new_tokens=3)
+            state.input(Sample(prompt="hello", seed=1), max_new_tokens=3)
         )
         # As an early stop leaves it: partial output, ABORTED.
         first.status = SampleStatus.ABORTED
         tokens_then = list(first.tokens)
-        resumed = await single_turn.generate(_input(first, state, max_new_tokens=8))
+        resumed = await single_turn.generate(state.input(first, max_new_tokens=8))
         spent = Sample(
             prompt="hello",
             tokens=[1, 2, 3],
@@ -145,7 +139,7 @@ async def test_an_aborted_sample_resumes_with_what_is_left_of_its_budget(
             rollout_log_probs=[-0.1, -0.2],
             status=SampleStatus.ABORTED,
         )
-        nothing_left = await single_turn.generate(_input(spent, state, max_new_tokens=2))
+        nothing_left = await single_turn.generate(state.input(spent, max_new_tokens=2))
     _first_request, second_request = engine.stats.requests  # the spent one was never sent
     assert second_request["input_ids"] == tokens_then
     assert second_request["sampling_params"]["max_new_tokens"] == 8 - 3
@@ -154,17 +148,18 @@ async def test_an_aborted_sample_resumes_with_what_is_left_of_its_budget(
     assert len(resumed.weight_versions) == 2
     resumed.validate()
     assert nothing_left.status is SampleStatus.TRUNCATED
-    assert nothing_left.metadata["truncated_reason"] == "budget_spent"
+    assert nothing_left.status_reason == "budget_spent"
 
 
 async def test_after_an_early_stop_nothing_new_is_sent(text_state: OpenState) -> None:
     async with text_state() as (state, engine):
-        state.request_stop()
-        stopped = await single_turn.generate(_input(Sample(prompt="What is 2+3?"), state))
+        state.run.stop.set()
+        stopped = await single_turn.generate(state.input(Sample(prompt="What is 2+3?")))
         assert stopped.status is SampleStatus.ABORTED and stopped.response_length == 0
+        assert stopped.status_reason == "early_stop"
         assert engine.stats.requests == []
-        state.reset_stop()
-        again = await single_turn.generate(_input(stopped, state))
+        state.new_run()
+        again = await single_turn.generate(state.input(stopped))
     assert len(engine.stats.requests) == 1
     assert again.status is SampleStatus.COMPLETED and again.response.endswith("<|im_end|>")
 
@@ -174,31 +169,28 @@ async def test_bad_sampling_input_is_refused_or_surfaces_sglangs_message(
 ) -> None:
     async with text_state() as (state, engine):
         with pytest.raises(SamplingParamsError, match="'max_tokens'"):
-            await single_turn.generate(_input(Sample(prompt="x"), state, max_tokens=3))
+            await single_turn.generate(state.input(Sample(prompt="x"), max_tokens=3))
         assert engine.stats.requests == []  # refused before anything was sent
         with pytest.raises(EngineStatusError) as info:
-            await single_turn.generate(_input(Sample(prompt="x"), state, temperature="hot"))
+            await single_turn.generate(state.input(Sample(prompt="x"), temperature="hot"))
     assert info.value.status == 400 and "temperature" in str(info.value)
-    assert len(state.in_flight) == 0
+    assert len(state.run.in_flight) == 0
 
 
 async def test_benchmark_lengths_are_random_in_range_seeded_and_ignore_eos(
     text_state: OpenState,
 ) -> None:
-    options = {"benchmark_min_new_tokens": 3, "benchmark_max_new_tokens": 9}
+    generate = Benchmark(3, 9)
     async with text_state(engine=TextStandInConfig(policy=TextPolicy(default_length=2))) as (
         state,
         engine,
     ):
-        samples = []
-        for seed in (*range(12), 5):
-            inp = _input(Sample(prompt="hello", seed=seed), state)
-            inp.options = options
-            samples.append(await benchmark.generate(inp))
-        bad = _input(Sample(prompt="hello"), state)
-        bad.options = {"benchmark_min_new_tokens": 5, "benchmark_max_new_tokens": 2}
-        with pytest.raises(Exception, match="0 < min <= max"):
-            await benchmark.generate(bad)
+        samples = [
+            await generate(state.input(Sample(prompt="hello", seed=seed)))
+            for seed in (*range(12), 5)
+        ]
+    with pytest.raises(ConfigError, match="min_new_tokens <= max_new_tokens"):
+        Benchmark(5, 2)
     asked = [r["sampling_params"]["max_new_tokens"] for r in engine.stats.requests]
     assert all(r["sampling_params"]["ignore_eos"] is True for r in engine.stats.requests)
     assert all(3 <= n <= 9 for n in asked) and len(set(asked)) > 2
@@ -215,9 +207,10 @@ async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer:
     from miles_lite.engine.client import EngineClient
     from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
     from miles_lite.engine.router import Router
+    from miles_lite.rollout.context import RunContext
     from miles_lite.testing import TextStandInEngine
-    from miles_lite.text.context import TextState
-    from tests.text.conftest import RULES
+    from miles_lite.text.context import TextContext
+    from tests.text.conftest import RULES, Direct
 
     with socket.socket() as s:  # a port nobody listens on: connection refused
         s.bind(("127.0.0.1", 0))
@@ -230,10 +223,10 @@ async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer:
             EngineClient(EngineClientConfig(retry=retry)) as client,
             Router([dead, engine.url], client, RouterConfig(max_inflight_per_engine=4)) as router,
         ):
-            state = TextState(tokenizer=tokenizer, router=router)
+            state = Direct(TextContext(tokenizer=tokenizer, router=router), RunContext(0))
             attempts = 0
             for _ in range(2):  # round robin: one of the two tries the dead engine first
-                inp = _input(Sample(prompt="What is 2+3?"), state)
+                inp = state.input(Sample(prompt="What is 2+3?"))
                 out = await single_turn.generate(inp)
                 assert out.status is SampleStatus.COMPLETED
                 assert inp.span.engine == engine.url
@@ -249,21 +242,12 @@ async def test_the_truncation_reason_says_what_ran_out(text_state: OpenState) ->
     partial = dict(tokens=list(range(10)), response_length=4, loss_mask=[1] * 4)
     async with text_state(max_context_len=10) as (state, engine):
         full = await single_turn.generate(
-            _input(Sample(status=SampleStatus.ABORTED, **partial), state)  # type: ignore[arg-type]
+            state.input(Sample(status=SampleStatus.ABORTED, **partial))  # type: ignore[arg-type]
         )
         with pytest.raises(SamplingParamsError, match="'max_new_tokens' must be an int >= 0"):
-            inp = _input(Sample(prompt="x"), state)
+            inp = state.input(Sample(prompt="x"))
             del inp.sampling_params["max_new_tokens"]
             await single_turn.generate(inp)
     assert full.status is SampleStatus.TRUNCATED
-    assert full.metadata["truncated_reason"] == "context_full"
+    assert full.status_reason == "context_full"
     assert engine.stats.requests == []
-
-
-def test_the_benchmark_flags_become_options() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    benchmark.generate.add_arguments(parser)  # type: ignore[attr-defined]
-    args = parser.parse_args(["--benchmark-min-new-tokens", "4", "--benchmark-max-new-tokens", "8"])
-    assert vars(args) == {"benchmark_min_new_tokens": 4, "benchmark_max_new_tokens": 8}

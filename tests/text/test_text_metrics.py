@@ -4,7 +4,7 @@ import pytest
 
 from miles_lite.errors import GenerateError
 from miles_lite.text.metrics import text_metrics
-from miles_lite.types import Sample, SampleStatus
+from miles_lite.types import Sample, SampleStatus, SessionInfo
 
 
 def sample(
@@ -48,8 +48,14 @@ def test_truncated_ratio_and_zero_std_groups_by_reward_key() -> None:
 
 def test_weight_versions_and_tito_mismatches() -> None:
     samples = [
-        sample(0, 1, None, weight_versions=["3", "4"], metadata={"tito_session_mismatch": True}),
-        sample(0, 1, None, weight_versions=["4"], metadata={"tito_session_mismatch": False}),
+        sample(
+            0,
+            1,
+            None,
+            weight_versions=["3", "4"],
+            session=SessionInfo("a", turns=2, tito_mismatches=1),
+        ),
+        sample(0, 1, None, weight_versions=["4"], session=SessionInfo("b", turns=1)),
     ]
     m = text_metrics(samples)
     assert m["rollout/weight_version/mixed_version_ratio"] == 0.5

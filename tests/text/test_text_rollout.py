@@ -8,12 +8,10 @@ from typing import Any
 import pytest
 
 from miles_lite import AgentGenerate, GenerateError, SampleStatus, TextRollout, TextSamplingParams
-from miles_lite.agentic.server import SessionServerConfig
-from miles_lite.errors import EngineStatusError, SamplingParamsError
+from miles_lite.errors import ConfigError, EngineStatusError, SamplingParamsError
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.rollout.filters import drop_zero_std
 from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
-from miles_lite.text.request import check_text_sample
 from tests.agentic import agents_plain
 from tests.text.conftest import RULES, OpenRollout
 
@@ -37,7 +35,7 @@ async def test_single_turn_samples_hold_the_engines_tokens_and_log_probs(
     chat_ids = tokenizer.apply_chat_template(prompts[1], add_generation_prompt=True, tokenize=True)
     chat_ids = chat_ids if isinstance(chat_ids, list) else list(chat_ids["input_ids"])
     for sample in result.samples:
-        check_text_sample(sample)
+        sample.validate()
         assert sample.status is SampleStatus.COMPLETED
         assert "\\boxed{5}" in sample.response
         out = sample.tokens[len(sample.tokens) - sample.response_length :]
@@ -82,7 +80,7 @@ async def test_oversampling_keeps_the_target_aborts_the_rest_and_a_second_run_re
         everything = dataclasses.replace(
             rollout.config, rollout_batch_size=None, over_sampling_batch_size=None
         )
-        resume = TextRollout(config=everything, router=rollout.state.router, tokenizer=tokenizer)
+        resume = TextRollout(config=everything, router=rollout.context.router, tokenizer=tokenizer)
         second = await resume.run(first.partial)
     resumed = second.samples
     assert len(resumed) == 6 and all(s.status is SampleStatus.TRUNCATED for s in resumed)
@@ -93,13 +91,13 @@ async def test_oversampling_keeps_the_target_aborts_the_rest_and_a_second_run_re
     assert {(s.prompt, s.seed) for s in resumed} == done_before
     assert [s.index for s in resumed] == list(range(6))  # numbered for this rollout
     for sample in resumed:
-        check_text_sample(sample)
+        sample.validate()
 
 
 async def test_weight_versions_are_recorded_per_sample(text_rollout: OpenRollout) -> None:
     async with text_rollout() as (rollout, (engine,)):
         before = await rollout.run(["What is 2+3?"])
-        await rollout.state.router.client.post_json(
+        await rollout.context.router.client.post_json(
             engine.url, "/update_weight_version", {"new_version": "step-7"}
         )
         after = await rollout.run(["What is 2+3?"])
@@ -115,7 +113,7 @@ async def test_bad_input_fails_its_sample_and_the_rest_goes_on(
     ok, long = result.samples
     assert ok.status is SampleStatus.COMPLETED
     assert long.status is SampleStatus.TRUNCATED
-    assert long.metadata["truncated_reason"] == "prompt_too_long"
+    assert long.status_reason == "prompt_too_long"
     assert len(engine.stats.requests) == 1  # the long prompt was never sent
 
     with pytest.raises(SamplingParamsError, match=r"max_tokens.*max_new_tokens"):
@@ -128,7 +126,7 @@ async def test_an_engine_400_surfaces_with_sglangs_message(text_rollout: OpenRol
         from miles_lite.text.request import post_generate
 
         payload = {"input_ids": [1, 2], "sampling_params": {"bogus": 1}, "rid": "r" * 32}
-        return await post_generate(input.state, payload)
+        return await post_generate(input.context, input.run, payload)
 
     def raises(input: GenerateFnInput) -> Any:
         raise ZeroDivisionError("custom bug")
@@ -180,22 +178,20 @@ async def test_tokenizing_long_prompts_never_stalls_the_loop(text_rollout: OpenR
     prompts = [long, [{"role": "user", "content": long}]]
     async with text_rollout(max_context_len=1024, n_samples_per_prompt=1) as (rollout, (engine,)):
         result = await rollout.run(prompts)
-    assert [s.metadata["truncated_reason"] for s in result.samples] == ["prompt_too_long"] * 2
+    assert [s.status_reason for s in result.samples] == ["prompt_too_long"] * 2
     assert engine.stats.requests == []
 
 
 async def test_open_starts_a_session_server_for_an_agentic_generate_function(
     text_rollout: OpenRollout,
 ) -> None:
-    async with text_rollout(
-        generate=AgentGenerate(agents_plain.run_agent),
-        session_server=SessionServerConfig(),
-        n_samples_per_prompt=2,
-    ) as (rollout, _):
-        assert rollout.state.sessions is not None
+    agent = AgentGenerate(agents_plain.run_agent)
+    async with text_rollout(generate=agent, n_samples_per_prompt=2) as (rollout, _):
         result = await rollout.run([[{"role": "user", "content": "What is 2+3?"}]])
-        assert rollout.state.sessions.session_ids() == []  # every session closed
+        assert agent.server.session_ids() == []  # every session closed
+    with pytest.raises(ConfigError, match="no session server"):  # stopped with the rollout
+        _ = agent.server
     assert [s.status for s in result.samples] == [SampleStatus.COMPLETED] * 2
     for sample in result.samples:
-        check_text_sample(sample)
+        sample.validate()
         assert sample.response_length > 0 and sample.loss_mask == [1] * sample.response_length

@@ -10,8 +10,9 @@ import anyio
 import pytest
 
 from miles_lite.errors import ConfigError
-from miles_lite.text.context import TextState
-from miles_lite.text.request import prompt_ids
+from miles_lite.text.config import TextRolloutConfig
+from miles_lite.text.context import TextContext
+from miles_lite.text.tokenize import prompt_ids
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +27,7 @@ async def _probe(lags: list[float], done: anyio.Event) -> None:
 async def test_long_prompts_are_tokenized_while_the_loop_keeps_running(tokenizer: Any) -> None:
     text = " ".join(f"word{i % 997} and more text." for i in range(10000))
     prompts: list[Any] = [text, [{"role": "user", "content": text}]] * 2
-    state = TextState(tokenizer=tokenizer, router=None, tokenize_threads=1)  # type: ignore[arg-type]
+    state = TextContext(tokenizer=tokenizer, router=None, tokenize_threads=1)  # type: ignore[arg-type]
 
     def timed_encode() -> float:
         start = time.perf_counter()
@@ -57,5 +58,7 @@ async def test_long_prompts_are_tokenized_while_the_loop_keeps_running(tokenizer
 
 def test_tokenize_threads_is_checked() -> None:
     with pytest.raises(ConfigError, match="tokenize_threads"):
-        TextState(tokenizer=None, router=None, tokenize_threads=0)  # type: ignore[arg-type]
-    assert TextState(tokenizer=None, router=None).tokenize_threads >= 1  # type: ignore[arg-type]
+        TextRolloutConfig(tokenize_threads=0)
+    with pytest.raises(ConfigError, match="tokenize_threads"):
+        TextContext(tokenizer=None, router=None, tokenize_threads=0)  # type: ignore[arg-type]
+    assert TextRolloutConfig().tokenize_threads >= 1

@@ -1,4 +1,5 @@
-"""The pure pieces of text generation: sampling keys, payloads, answers, invariants."""
+"""SGLang's /generate as miles_lite reads it: sampling keys, payloads, answers into samples,
+the sample invariants."""
 
 from __future__ import annotations
 
@@ -16,17 +17,27 @@ from miles_lite.errors import (
     SampleInvariantError,
     SamplingParamsError,
 )
-from miles_lite.sglang.sampling import SAMPLING_KEYS, TextSamplingParams, check_sampling_params
-from miles_lite.text.context import InFlightRequests
-from miles_lite.text.request import (
-    append_env_tokens,
-    apply_generate_answer,
+from miles_lite.rollout.context import InFlight
+from miles_lite.sglang.generate_wire import (
+    FINISH_STATUS,
     build_generate_payload,
-    check_text_sample,
     new_rid,
-    status_of,
+    parse_generate_answer,
 )
-from miles_lite.types import Sample, SampleStatus
+from miles_lite.sglang.sampling import SAMPLING_KEYS, TextSamplingParams, check_sampling_params
+from miles_lite.text.request import append_env_tokens, apply_answer
+from miles_lite.types import Sample, SampleStatus, WeightSpan
+
+
+def apply_generate_answer(sample: Sample, answer: dict[str, Any]) -> list[int]:
+    """Check ``answer`` (to its own rid) and append it to ``sample``; the new ids."""
+    parsed = parse_generate_answer(answer, rid=answer["meta_info"]["id"])
+    apply_answer(sample, parsed)
+    return parsed.ids
+
+
+def status_of(answer: dict[str, Any]) -> SampleStatus:
+    return FINISH_STATUS[answer["meta_info"]["finish_reason"]["type"]]
 
 
 def _answers(captures: Path) -> list[dict[str, Any]]:
@@ -99,30 +110,30 @@ def test_sampling_params_config_errors_name_the_field() -> None:
 
 
 def test_a_payload_is_ids_checked_params_logprobs_and_a_fresh_rid() -> None:
-    sample = Sample(seed=7)
     params = {"max_new_tokens": 4, "temperature": 0.5}
-    payload = build_generate_payload(sample, [1, 2, 3], params)
+    payload = build_generate_payload([1, 2, 3], params, seed=7)
     assert payload["input_ids"] == [1, 2, 3]
-    assert payload["sampling_params"] == {**params, "sampling_seed": 7}
-    assert params == {"max_new_tokens": 4, "temperature": 0.5}  # the caller's dict untouched
+    # The caller's own (per-call) dict is sent as it is: no copy per request.
+    assert payload["sampling_params"] is params
+    assert params == {"max_new_tokens": 4, "temperature": 0.5, "sampling_seed": 7}
     assert payload["return_logprob"] is True
     assert "logprob_start_len" not in payload and "image_data" not in payload
-    rids = {build_generate_payload(sample, [1], params)["rid"] for _ in range(200)}
+    rids = {build_generate_payload([1], {})["rid"] for _ in range(200)}
     assert len(rids) == 200 and {len(r) for r in rids} == {32}
     # No rid is a prefix of another: SGLang aborts by rid prefix.
     assert not any(a != b and b.startswith(a) for a in rids for b in rids)
     # An explicit seed wins over the sample's; no seed, no key.
-    explicit = build_generate_payload(sample, [1], {"sampling_seed": 3})
+    explicit = build_generate_payload([1], {"sampling_seed": 3}, seed=7)
     assert explicit["sampling_params"]["sampling_seed"] == 3
-    assert "sampling_seed" not in build_generate_payload(Sample(), [1], {})["sampling_params"]
-    with_images = build_generate_payload(sample, [1], {}, image_data=["data:image/png;base64,x"])
+    assert "sampling_seed" not in build_generate_payload([1], {})["sampling_params"]
+    with_images = build_generate_payload([1], {}, image_data=["data:image/png;base64,x"])
     assert with_images["image_data"] == ["data:image/png;base64,x"]
     assert len(new_rid()) == 32
 
 
 def test_a_payload_with_an_unknown_key_is_never_built() -> None:
     with pytest.raises(SamplingParamsError, match="'max_tokens'"):
-        build_generate_payload(Sample(), [1], {"max_tokens": 4})
+        build_generate_payload([1], {"max_tokens": 4})
 
 
 # answers -----------------------------------------------------------------------------
@@ -147,20 +158,26 @@ def test_real_answers_fill_the_sample_from_output_token_logprobs(captures: Path)
         assert sample.status is status_of(answer)
         assert sample.prefix_cache_info.cached_tokens == meta["cached_tokens"]
         assert sample.prefix_cache_info.total_prompt_tokens == meta["prompt_tokens"]
-        check_text_sample(sample)
+        sample.validate()
 
 
 def test_a_second_answer_appends_and_records_its_weight_version(captures: Path) -> None:
     answer = json.loads((captures / "gen_stop.json").read_text())
-    later = {**answer, "meta_info": {**answer["meta_info"], "weight_version": "2"}}
+    n = len(answer["output_ids"])
+    spans = [{"version": "2", "start": 0, "end": n}]
+    later = {
+        **answer,
+        "meta_info": {**answer["meta_info"], "weight_version": "2", "weight_versions": spans},
+    }
     sample = Sample(tokens=[1])
     apply_generate_answer(sample, answer)
     apply_generate_answer(sample, later)
-    n = len(answer["output_ids"])
     assert sample.response_length == 2 * n and len(sample.tokens) == 1 + 2 * n
     assert sample.weight_versions == ["default", "2"]
+    # Which version made which response tokens: the second answer's span is shifted.
+    assert sample.weight_spans == [WeightSpan("default", 0, n), WeightSpan("2", n, 2 * n)]
     assert sample.prefix_cache_info.total_prompt_tokens == 2 * answer["meta_info"]["prompt_tokens"]
-    check_text_sample(sample)
+    sample.validate()
 
 
 @pytest.mark.parametrize(
@@ -184,21 +201,21 @@ def test_status_follows_finish_reason(finish: dict[str, Any], status: SampleStat
     sample = Sample(tokens=[1])
     apply_generate_answer(sample, answer)
     assert sample.status is status
-    assert sample.metadata["finish_reason"] == finish["type"]
+    assert sample.finish_reason == finish["type"]
     if "matched" in finish:
-        assert sample.metadata["matched_stop"] == 151645
+        assert sample.matched_stop == 151645
 
 
 def test_answers_that_do_not_line_up_are_typed_errors(captures: Path) -> None:
     # Asked without return_logprob (the abort capture): no log-probs to train on.
     no_logprobs = json.loads((captures / "abort_victim.json").read_text())
-    with pytest.raises(EngineProtocolError, match="no output_token_logprobs"):
+    with pytest.raises(EngineProtocolError, match="output_token_logprobs is NoneType"):
         apply_generate_answer(Sample(tokens=[1]), no_logprobs)
     good = json.loads((captures / "gen_stop.json").read_text())
-    with pytest.raises(EngineProtocolError, match="differ from output_ids"):
+    with pytest.raises(EngineProtocolError, match="differ from the ids of output_token_logprobs"):
         apply_generate_answer(Sample(tokens=[1]), {**good, "output_ids": [0, 0, 0]})
     odd = {**good, "meta_info": {**good["meta_info"], "finish_reason": {"type": "eaten"}}}
-    with pytest.raises(EngineProtocolError, match="unexpected finish_reason") as info:
+    with pytest.raises(EngineProtocolError, match=r"unexpected meta_info\.finish_reason") as info:
         apply_generate_answer(Sample(tokens=[1]), odd)
     assert info.value.request_id == good["meta_info"]["id"]
 
@@ -209,7 +226,7 @@ def test_env_tokens_get_mask_zero_and_log_prob_zero() -> None:
     assert sample.tokens == [1, 2, 7, 8, 9] and sample.response == "<tool>"
     assert sample.loss_mask == [0, 0, 0] and sample.rollout_log_probs == [0.0, 0.0, 0.0]
     assert sample.response_length == 3
-    check_text_sample(sample)
+    sample.validate()
 
 
 @pytest.mark.parametrize(
@@ -229,13 +246,16 @@ def test_invariant_violations_are_typed_and_named(fields: dict[str, Any], proble
         sample.validate()
     assert problem in str(info.value) and info.value.request_id == "rid-x"
     with pytest.raises(SampleInvariantError):
-        check_text_sample(sample)
+        sample.validate()
 
 
 def test_in_flight_requests_track_and_forget() -> None:
-    in_flight = InFlightRequests()
+    in_flight = InFlight()
     with in_flight.track("a"), in_flight.track("b"):
         assert in_flight.rids() == ["a", "b"] and len(in_flight) == 2
+        # An abort reaches each rid at the engine that got it; a waiting one, nowhere.
+        in_flight.sent_to("a", "http://e1")
+        assert in_flight.by_engine() == {"http://e1": ["a"]}
     assert len(in_flight) == 0
     with pytest.raises(RuntimeError), in_flight.track("c"):
         raise RuntimeError("the request failed")
