@@ -30,6 +30,7 @@ from miles_lite.testing.diffusion.faults import Faults
 from miles_lite.testing.diffusion.request import SDE_TYPES, InvalidRequestError, RolloutRequest
 from miles_lite.testing.diffusion.stats import EngineStats
 from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_sample
+from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import EngineProcess, EngineProcessGroup
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
 from miles_lite.testing.text.engine import (
@@ -63,6 +64,7 @@ __all__ = [
     "SGLangServerConfig",
     "StandInConfig",
     "StandInEngine",
+    "StandInError",
     "TextEngineProcess",
     "TextEngineProcessGroup",
     "TextEngineStatistics",

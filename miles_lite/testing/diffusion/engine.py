@@ -45,13 +45,13 @@ import anyio.to_thread
 from aiohttp import web
 
 from miles_lite._core.serve import serve_app
-from miles_lite.errors import ClosedResourceError, ConfigError
 from miles_lite.testing.diffusion.body import body_pieces, empty_body
 from miles_lite.testing.diffusion.config import StandInConfig
 from miles_lite.testing.diffusion.faults import Faults
 from miles_lite.testing.diffusion.info import model_info, model_list, server_info
 from miles_lite.testing.diffusion.request import InvalidRequestError, RolloutRequest
 from miles_lite.testing.diffusion.stats import EngineStats
+from miles_lite.testing.errors import StandInError
 
 __all__ = ["StandInEngine"]
 
@@ -102,7 +102,7 @@ class StandInEngine:
     ``faults`` and ``stats`` may be read and changed at any time. Must run on asyncio
     (aiohttp). ``aclose()`` answers requests still waiting or generating with a 503,
     waits up to 1 s for answers being written, and is idempotent; a closed engine cannot
-    be started again (:class:`~miles_lite.errors.ClosedResourceError`).
+    be started again (:class:`~miles_lite.testing.StandInError`).
     """
 
     def __init__(self, config: StandInConfig | None = None) -> None:
@@ -129,12 +129,12 @@ class StandInEngine:
         return self._url
 
     async def start(self) -> None:
-        """Bind and serve. Raises ClosedResourceError after ``aclose()``, OSError if the
-        port is taken, RuntimeError if already started."""
+        """Bind and serve. Raises :class:`~miles_lite.testing.StandInError` after
+        ``aclose()`` or if already started, OSError if the port is taken."""
         if self._closed:
-            raise ClosedResourceError("this StandInEngine was closed; create a new one")
+            raise StandInError("this StandInEngine was closed; create a new one")
         if self._runner is not None:
-            raise RuntimeError("StandInEngine.start() called twice")
+            raise StandInError("StandInEngine.start() called twice")
         self._slots = anyio.Semaphore(self.config.max_concurrent)
         self._limiter = anyio.CapacityLimiter(self.config.max_concurrent)
         self._stats_changed = anyio.Event()
@@ -465,7 +465,7 @@ class StandInEngine:
             return web.json_response({"detail": "fault switches must be a JSON object"}, status=400)
         try:
             self.faults.update(changes)
-        except ConfigError as exc:
+        except ValueError as exc:
             return web.json_response({"detail": str(exc)}, status=400)
         return web.json_response(self.faults.to_json())
 

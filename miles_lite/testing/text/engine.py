@@ -47,8 +47,8 @@ import anyio.to_thread
 from aiohttp import web
 
 from miles_lite._core.serve import serve_app
-from miles_lite.errors import ClosedResourceError, ConfigError
 from miles_lite.sglang.sampling import SAMPLING_KEYS
+from miles_lite.testing.errors import StandInError
 from miles_lite.testing.text.chat import (
     ChatBadRequest,
     TemplateCache,
@@ -122,15 +122,15 @@ class TextStandInConfig:
         for name in ("token_latency_s", "warmup_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise ConfigError(f"TextStandInConfig.{name} must be >= 0, got {value!r}")
+                raise ValueError(f"TextStandInConfig.{name} must be >= 0, got {value!r}")
         if not isinstance(self.policy, TextPolicy | TinyModelPolicy):
-            raise ConfigError(
+            raise ValueError(
                 "TextStandInConfig.policy must be a TextPolicy or a TinyModelPolicy,"
                 f" got {self.policy!r}"
             )
         for name in ("max_running", "context_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(
+                raise ValueError(
                     f"TextStandInConfig.{name} must be an int >= 1, got {getattr(self, name)!r}"
                 )
 
@@ -274,7 +274,7 @@ class TextStandInEngine:
 
     async def __aenter__(self) -> TextStandInEngine:
         if self._closed:
-            raise ClosedResourceError("this TextStandInEngine was closed; create a new one")
+            raise StandInError("this TextStandInEngine was closed; create a new one")
         if self.tokenizer is None:
             from miles_lite.testing.tokenizers import load_qwen3_tokenizer
 

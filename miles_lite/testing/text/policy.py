@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles_lite.errors import ConfigError
-
 __all__ = ["TextPolicy", "TextRule", "fast_decode", "fast_encode", "token_logprob"]
 
 #: Ordinary BPE tokens of the Qwen3 vocabulary (no special tokens), for random answers.
@@ -45,7 +43,7 @@ class TextRule:
         try:
             re.compile(self.pattern)
         except re.error as exc:
-            raise ConfigError(f"TextRule.pattern {self.pattern!r} is not a regex: {exc}") from exc
+            raise ValueError(f"TextRule.pattern {self.pattern!r} is not a regex: {exc}") from exc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,9 +64,9 @@ class TextPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int):
-            raise ConfigError(f"TextPolicy.seed must be an int, got {self.seed!r}")
+            raise ValueError(f"TextPolicy.seed must be an int, got {self.seed!r}")
         if not isinstance(self.default_length, int) or self.default_length < 0:
-            raise ConfigError(
+            raise ValueError(
                 f"TextPolicy.default_length must be an int >= 0, got {self.default_length!r}"
             )
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from miles_lite.errors import ConfigError
+from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import EngineProcess, EngineProcessGroup, serve_in_child
 from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
 
@@ -41,7 +41,7 @@ class TextEngineProcess(EngineProcess):
         return _text_child_main
 
     def set_faults(self, **switches: Any) -> dict[str, Any]:
-        raise ConfigError("the text stand-in engine has no fault switches")
+        raise StandInError("the text stand-in engine has no fault switches")
 
 
 class TextEngineProcessGroup(EngineProcessGroup):
@@ -49,7 +49,10 @@ class TextEngineProcessGroup(EngineProcessGroup):
 
     def __init__(self, configs: Sequence[TextStandInConfig], **kwargs: Any) -> None:
         if not configs:
-            raise ConfigError("TextEngineProcessGroup needs at least one TextStandInConfig")
+            raise ValueError(
+                "TextEngineProcessGroup configs must hold at least one TextStandInConfig,"
+                f" got {configs!r}"
+            )
         self.processes = [TextEngineProcess(config, **kwargs) for config in configs]
 
 
