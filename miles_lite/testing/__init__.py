@@ -33,19 +33,15 @@ from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_
 from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import EngineProcess, EngineProcessGroup
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
-from miles_lite.testing.text.engine import (
-    SAMPLING_KEYS,
-    SGLANG_VERSION,
-    TextEngineStatistics,
-    TextEngineStats,
-    TextStandInConfig,
-    TextStandInEngine,
-)
+from miles_lite.testing.text.config import SGLANG_VERSION, TextStandInConfig
+from miles_lite.testing.text.engine import TextStandInEngine
 from miles_lite.testing.text.model import TinyModelPolicy
 from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.text.process import TextEngineProcess, TextEngineProcessGroup
 from miles_lite.testing.text.shapes import shape_diff, wire_shape
+from miles_lite.testing.text.stats import TextEngineStatistics, TextEngineStats
 from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.testing.text.validate import SAMPLING_KEYS
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
 
 __all__ = [

@@ -45,7 +45,7 @@ async def test_the_tiny_model_answers_with_log_probs_a_test_can_recompute(
 
         first, again, other = await generate("a"), await generate("a"), await generate("b")
         greedy = await generate("c", temperature=0.0)
-        model = engine._model
+        model = engine.model
         assert model is not None
         recomputed = model.logprobs([1, 2, 3, 4], first["output_ids"])
     assert first["output_ids"] == again["output_ids"] != other["output_ids"]

@@ -22,7 +22,8 @@ import anyio
 
 from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import EngineProcess, EngineProcessGroup, serve_in_child
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing.text.config import TextStandInConfig
+from miles_lite.testing.text.engine import TextStandInEngine
 
 __all__ = ["TextEngineProcess", "TextEngineProcessGroup"]
 
