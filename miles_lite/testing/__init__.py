@@ -13,6 +13,13 @@
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
 - :func:`synthetic_sample` / :func:`synthetic_body`: the deterministic samples it sends,
   for tests that recompute what an answer must hold.
+
+The stand-ins are an oracle
+for the library and share none of its code: a bad stand-in configuration raises
+:class:`ValueError` (naming the field and the value); a harness that fails (a child
+process that does not start, a closed engine started again) raises :class:`StandInError`.
+:class:`ChildProcess` / :class:`ProcessGroup` run any stand-in (an engine factory and its
+config) in child processes; the process classes above are thin specialisations of them.
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ from miles_lite.testing.diffusion.encode import (
 )
 from miles_lite.testing.diffusion.engine import StandInEngine
 from miles_lite.testing.diffusion.faults import Faults
+from miles_lite.testing.diffusion.process import EngineProcess, EngineProcessGroup
 from miles_lite.testing.diffusion.request import SDE_TYPES, InvalidRequestError, RolloutRequest
 from miles_lite.testing.diffusion.stats import EngineStats
 from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_sample
 from miles_lite.testing.errors import StandInError
-from miles_lite.testing.process import EngineProcess, EngineProcessGroup
+from miles_lite.testing.process import ChildProcess, ProcessGroup
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
 from miles_lite.testing.text.config import SGLANG_VERSION, TextStandInConfig
 from miles_lite.testing.text.engine import TextStandInEngine
@@ -50,11 +58,13 @@ __all__ = [
     "SAMPLING_KEYS",
     "SDE_TYPES",
     "SGLANG_VERSION",
+    "ChildProcess",
     "EngineProcess",
     "EngineProcessGroup",
     "EngineStats",
     "Faults",
     "InvalidRequestError",
+    "ProcessGroup",
     "RolloutRequest",
     "SGLangServer",
     "SGLangServerConfig",

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import psutil
 
-from miles_lite.testing._start_stop import StartStop
 from miles_lite.testing.errors import StandInError
+from miles_lite.testing.process import StartStop
 
 __all__ = ["SGLangServer", "SGLangServerConfig", "default_sglang_venv"]
 
