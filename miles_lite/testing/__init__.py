@@ -14,7 +14,8 @@
 - :func:`synthetic_sample` / :func:`synthetic_body`: the deterministic samples it sends,
   for tests that recompute what an answer must hold.
 
-The stand-ins are an oracle
+Every stand-in gives a frozen snapshot of what it has seen with ``statistics()``
+(:class:`TextEngineStatistics`, :class:`EngineStatistics`). The stand-ins are an oracle
 for the library and share none of its code: a bad stand-in configuration raises
 :class:`ValueError` (naming the field and the value); a harness that fails (a child
 process that does not start, a closed engine started again) raises :class:`StandInError`.
@@ -36,7 +37,7 @@ from miles_lite.testing.diffusion.engine import StandInEngine
 from miles_lite.testing.diffusion.faults import Faults
 from miles_lite.testing.diffusion.process import EngineProcess, EngineProcessGroup
 from miles_lite.testing.diffusion.request import SDE_TYPES, InvalidRequestError, RolloutRequest
-from miles_lite.testing.diffusion.stats import EngineStats
+from miles_lite.testing.diffusion.stats import EngineStatistics, EngineStats
 from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_sample
 from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import ChildProcess, ProcessGroup
@@ -61,6 +62,7 @@ __all__ = [
     "ChildProcess",
     "EngineProcess",
     "EngineProcessGroup",
+    "EngineStatistics",
     "EngineStats",
     "Faults",
     "InvalidRequestError",

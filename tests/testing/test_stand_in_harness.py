@@ -1,15 +1,18 @@
-"""The harness around the stand-ins: the generic child process, the text stand-in's
-scheduler, and the two kinds of error (ValueError, StandInError)."""
+"""The harness around the stand-ins: the generic child process, statistics snapshots,
+the text stand-in's scheduler, and the two kinds of error (ValueError, StandInError)."""
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.error
 
+import aiohttp
 import anyio
 import pytest
 
 from miles_lite.testing import (
     ChildProcess,
+    EngineStatistics,
     ProcessGroup,
     StandInConfig,
     StandInEngine,
@@ -22,6 +25,7 @@ from miles_lite.testing import (
 )
 from miles_lite.testing.text.scheduler import Call, Scheduler
 from miles_lite.testing.text.stats import TextEngineStats
+from tests.testing.replies import post
 
 
 def test_a_child_process_runs_any_engine_factory_with_its_config() -> None:
@@ -56,6 +60,24 @@ def test_bad_harness_arguments_are_value_errors_naming_field_and_value() -> None
     ):
         with pytest.raises(ValueError, match=named):
             build()
+
+
+@pytest.mark.anyio
+async def test_diffusion_statistics_are_a_frozen_snapshot(session: aiohttp.ClientSession) -> None:
+    async with StandInEngine(StandInConfig()) as engine:
+        before = engine.statistics()
+        reply = await post(session, engine.url, {"prompt": "x", "seed": 1})
+        assert reply.status == 200
+        after = engine.statistics()
+    assert isinstance(before, EngineStatistics)
+    assert (before.requests_received, before.requests) == (0, ())
+    assert (after.requests_received, after.requests_served, after.samples_served) == (1, 1, 1)
+    assert after.requests == ({"prompt": "x", "seed": 1},)
+    assert after.bytes_served == engine.stats.bytes_served > 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        after.requests_served = 2  # type: ignore[misc]
+    engine.stats.reset()
+    assert after.requests_served == 1  # a snapshot does not follow the live stats
 
 
 @pytest.mark.anyio
