@@ -13,6 +13,14 @@
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
 - :func:`synthetic_sample` / :func:`synthetic_body`: the deterministic samples it sends,
   for tests that recompute what an answer must hold.
+
+Every stand-in gives a frozen snapshot of what it has seen with ``statistics()``
+(:class:`TextEngineStatistics`, :class:`EngineStatistics`). The stand-ins are an oracle
+for the library and share none of its code: a bad stand-in configuration raises
+:class:`ValueError` (naming the field and the value); a harness that fails (a child
+process that does not start, a closed engine started again) raises :class:`StandInError`.
+:class:`ChildProcess` / :class:`ProcessGroup` run any stand-in (an engine factory and its
+config) in child processes; the process classes above are thin specialisations of them.
 """
 
 from __future__ import annotations
@@ -27,24 +35,22 @@ from miles_lite.testing.diffusion.encode import (
 )
 from miles_lite.testing.diffusion.engine import StandInEngine
 from miles_lite.testing.diffusion.faults import Faults
+from miles_lite.testing.diffusion.process import EngineProcess, EngineProcessGroup
 from miles_lite.testing.diffusion.request import SDE_TYPES, InvalidRequestError, RolloutRequest
-from miles_lite.testing.diffusion.stats import EngineStats
+from miles_lite.testing.diffusion.stats import EngineStatistics, EngineStats
 from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_sample
-from miles_lite.testing.process import EngineProcess, EngineProcessGroup
+from miles_lite.testing.errors import StandInError
+from miles_lite.testing.process import ChildProcess, ProcessGroup
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
-from miles_lite.testing.text.engine import (
-    SAMPLING_KEYS,
-    SGLANG_VERSION,
-    TextEngineStatistics,
-    TextEngineStats,
-    TextStandInConfig,
-    TextStandInEngine,
-)
+from miles_lite.testing.text.config import SGLANG_VERSION, TextStandInConfig
+from miles_lite.testing.text.engine import TextStandInEngine
 from miles_lite.testing.text.model import TinyModelPolicy
 from miles_lite.testing.text.policy import TextPolicy, TextRule, token_logprob
 from miles_lite.testing.text.process import TextEngineProcess, TextEngineProcessGroup
 from miles_lite.testing.text.shapes import shape_diff, wire_shape
+from miles_lite.testing.text.stats import TextEngineStatistics, TextEngineStats
 from miles_lite.testing.text.tools import ADD_TOOLS
+from miles_lite.testing.text.validate import SAMPLING_KEYS
 from miles_lite.testing.tokenizers import load_qwen3_tokenizer, qwen3_tokenizer_dir
 
 __all__ = [
@@ -53,16 +59,20 @@ __all__ = [
     "SAMPLING_KEYS",
     "SDE_TYPES",
     "SGLANG_VERSION",
+    "ChildProcess",
     "EngineProcess",
     "EngineProcessGroup",
+    "EngineStatistics",
     "EngineStats",
     "Faults",
     "InvalidRequestError",
+    "ProcessGroup",
     "RolloutRequest",
     "SGLangServer",
     "SGLangServerConfig",
     "StandInConfig",
     "StandInEngine",
+    "StandInError",
     "TextEngineProcess",
     "TextEngineProcessGroup",
     "TextEngineStatistics",

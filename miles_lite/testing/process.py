@@ -1,9 +1,19 @@
-"""Run stand-in engines in their own processes, so their CPU does not share the caller's loop.
+"""Child processes of the test harness: a stand-in engine served in a process of its own.
+
+- :class:`StartStop`: sync and async context management over blocking ``start()`` and
+  ``stop()`` (the child processes below, and :class:`~miles_lite.testing.SGLangServer`).
+- :class:`ChildProcess`: runs ``factory(config)`` (an async context manager with a
+  ``url``: a stand-in engine) in a child process, reports its URL, stops it. Generic
+  over the engine's config type; the diffusion and text stand-ins' process classes are
+  thin specialisations of it (:mod:`miles_lite.testing.diffusion.process`,
+  :mod:`miles_lite.testing.text.process`).
+- :class:`ProcessGroup`: several child processes started side by side.
 
 Processes are started with ``spawn`` (or ``forkserver``), never ``fork``: a forked child
 of a process that ran torch or aiohttp inherits its threads, sockets and epoll handle. As
 with any spawned process, a script that starts one needs an
-``if __name__ == "__main__":`` guard.
+``if __name__ == "__main__":`` guard. The factory and the config travel to the child by
+pickle: a class or function defined at module level, and a picklable config.
 """
 
 from __future__ import annotations
@@ -15,70 +25,135 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from multiprocessing.connection import Connection
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
-from miles_lite.errors import (
-    ClosedResourceError,
-    ConfigError,
-    EngineTimeoutError,
-    EngineUnavailableError,
-)
-from miles_lite.testing._start_stop import StartStop
-from miles_lite.testing.diffusion.config import StandInConfig
-from miles_lite.testing.diffusion.engine import StandInEngine
+from miles_lite.testing.errors import StandInError
 
-__all__ = ["EngineProcess", "EngineProcessGroup"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
-_START_METHODS = ("spawn", "forkserver")
+__all__ = ["START_METHODS", "ChildProcess", "ProcessGroup", "ServedEngine", "StartStop"]
+
+#: The ways a child may be started (never ``fork``, see the module docstring).
+START_METHODS = ("spawn", "forkserver")
 #: Pause between two ``/health`` probes while an engine starts, in seconds.
 _POLL_S = 0.05
 
+ConfigT = TypeVar("ConfigT")
+ChildT = TypeVar("ChildT", bound="ChildProcess[Any]")
 
-class EngineProcess(StartStop):
-    """A :class:`~miles_lite.testing.StandInEngine` in a child process.
+
+class ServedEngine(Protocol):
+    """What a child serves: an async context manager whose ``url`` is known once entered."""
+
+    @property
+    def url(self) -> str: ...
+
+
+#: What :class:`ChildProcess` runs in the child: ``factory(config)``.
+EngineFactory = Callable[[ConfigT], AbstractAsyncContextManager[ServedEngine]]
+
+
+class StartStop:
+    """Sync and async context management over blocking ``start()``/``stop()``.
+
+    Both forms stop what a failed start left; the async form runs them in a worker thread
+    and stops even when cancelled in start.
+    """
+
+    def start(self) -> None:
+        """Start (blocking); a subclass defines it."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop (blocking, idempotent); a subclass defines it."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await anyio.to_thread.run_sync(self.start)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.stop)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.stop)
+
+
+class ChildProcess(StartStop, Generic[ConfigT]):
+    """``factory(config)`` served in a child process (see the module docstring).
 
     Usage (sync or async)::
 
-        with EngineProcess(StandInConfig(step_latency_s=0.01)) as engine:
-            ...  # POST f"{engine.url}/rollout/generate"
-        async with EngineProcess() as engine:
-            ...
+        with ChildProcess(StandInEngine, StandInConfig()) as child:
+            ...  # POST f"{child.url}/rollout/generate"
 
     ``start()`` launches the child and returns once ``/health`` answers 200 (after any
-    warm-up); it raises :class:`~miles_lite.errors.EngineUnavailableError` if the child
-    dies first and :class:`~miles_lite.errors.EngineTimeoutError` after
-    ``start_timeout_s`` seconds (the child is then stopped). ``stop()`` sends SIGTERM (the
-    child closes its server), joins for ``stop_timeout_s`` seconds, then kills; it is
-    idempotent. The child also exits when this process dies (its pipe closes). ``start()``
-    and ``stop()`` block: the async context manager runs them in a worker thread, and
-    stops the child even when cancelled during start. A stopped EngineProcess cannot be
-    restarted (:class:`~miles_lite.errors.ClosedResourceError`).
+    warm-up); it raises :class:`~miles_lite.testing.StandInError` if the child dies first
+    or is not healthy after ``start_timeout_s`` seconds (the child is then stopped).
+    ``stop()`` sends SIGTERM (the child closes its server), joins for ``stop_timeout_s``
+    seconds, then kills; it is idempotent. The child also exits when this process dies
+    (its pipe closes). ``start()`` and ``stop()`` block: the async context manager runs
+    them in a worker thread, and stops the child even when cancelled during start. A
+    stopped child cannot be restarted (:class:`~miles_lite.testing.StandInError`). Bad
+    arguments raise :class:`ValueError`. ``kind`` names the child in messages.
     """
 
     def __init__(
         self,
-        config: StandInConfig | None = None,
+        factory: EngineFactory[ConfigT],
+        config: ConfigT,
         *,
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 5.0,
         start_method: str = "spawn",
+        kind: str = "stand-in engine",
     ) -> None:
-        if start_method not in _START_METHODS:
-            raise ConfigError(
-                f"EngineProcess start_method must be one of {_START_METHODS}, got {start_method!r}"
+        owner = type(self).__name__
+        if start_method not in START_METHODS:
+            raise ValueError(
+                f"{owner} start_method must be one of {START_METHODS}, got {start_method!r}"
             )
         for name, value in (
             ("start_timeout_s", start_timeout_s),
             ("stop_timeout_s", stop_timeout_s),
         ):
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"EngineProcess {name} must be a number > 0, got {value!r}")
-        self.config = config if config is not None else StandInConfig()
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{owner} {name} must be a number > 0, got {value!r}")
+        self.factory = factory
+        self.config = config
+        self.kind = kind
         self.start_timeout_s = float(start_timeout_s)
         self.stop_timeout_s = float(stop_timeout_s)
         self._context: Any = multiprocessing.get_context(start_method)
@@ -91,17 +166,17 @@ class EngineProcess(StartStop):
     def url(self) -> str:
         """``http://host:port`` of the engine; RuntimeError before ``start()``."""
         if self._url is None:
-            raise RuntimeError("EngineProcess.url is known once start() has returned")
+            raise RuntimeError(f"{type(self).__name__}.url is known once start() has returned")
         return self._url
 
     @property
     def pid(self) -> int | None:
         """The child's process id, None before ``start()``."""
-        return None if self._process is None else self._process.pid
+        return None if self._process is None else int(self._process.pid)
 
     def is_alive(self) -> bool:
         """Whether the child process is running."""
-        return self._process is not None and self._process.is_alive()
+        return self._process is not None and bool(self._process.is_alive())
 
     def start(self) -> None:
         """Launch the child and wait until it is healthy (blocking; see the class doc)."""
@@ -115,13 +190,13 @@ class EngineProcess(StartStop):
     def launch(self) -> None:
         """Start the child process without waiting for it (:meth:`wait_ready` waits)."""
         if self._state != "new":
-            raise ClosedResourceError(f"EngineProcess already {self._state}; create a new one")
+            raise StandInError(f"{type(self).__name__} already {self._state}; create a new one")
         self._state = "started"
         parent, child = self._context.Pipe(duplex=False)
         process = self._context.Process(
-            target=self._child_target(),
-            args=(self.config, child),
-            name="miles-lite-stand-in-engine",
+            target=_child_main,
+            args=(self.factory, self.config, child),
+            name=f"miles-lite-{self.kind.replace(' ', '-')}",
             daemon=True,
         )
         self._conn = parent
@@ -129,22 +204,18 @@ class EngineProcess(StartStop):
         process.start()
         child.close()
 
-    def _child_target(self) -> Any:
-        """The child's entry point ``(config, conn)``: it serves ``config`` and sends its URL
-        down ``conn``. A subclass that runs another engine (the text stand-in) replaces it."""
-        return _child_main
-
     def wait_ready(self, deadline: float) -> None:
         """Block until the child serves and ``/health`` is 200, or ``deadline``
         (``time.monotonic()`` seconds). Raises as :meth:`start` does."""
         conn, process = self._conn, self._process
         if conn is None or process is None:
-            raise RuntimeError("EngineProcess.wait_ready() before launch()")
+            raise RuntimeError(f"{type(self).__name__}.wait_ready() before launch()")
         while self._url is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise EngineTimeoutError(
-                    f"stand-in engine process {process.pid} did not start within {self.start_timeout_s} s"
+                raise StandInError(
+                    f"{self.kind} process {process.pid} did not start within"
+                    f" {self.start_timeout_s} s"
                 )
             try:
                 ready = conn.poll(min(remaining, 0.2))
@@ -155,18 +226,18 @@ class EngineProcess(StartStop):
             if isinstance(message, str):
                 self._url = message
             elif not process.is_alive():
-                raise EngineUnavailableError(
-                    f"stand-in engine process {process.pid} exited with code {process.exitcode} "
+                raise StandInError(
+                    f"{self.kind} process {process.pid} exited with code {process.exitcode} "
                     "before serving (its stderr says why)"
                 )
         while not _healthy(self._url):
             if not process.is_alive():
-                raise EngineUnavailableError(
-                    f"stand-in engine process exited with code {process.exitcode}", url=self._url
+                raise StandInError(
+                    f"{self.kind} process exited with code {process.exitcode} ({self._url})"
                 )
             if time.monotonic() >= deadline:
-                raise EngineTimeoutError(
-                    f"stand-in engine not healthy within {self.start_timeout_s} s", url=self._url
+                raise StandInError(
+                    f"{self.kind} not healthy within {self.start_timeout_s} s ({self._url})"
                 )
             time.sleep(_POLL_S)
 
@@ -189,43 +260,44 @@ class EngineProcess(StartStop):
             self._conn.close()
             self._conn = None
 
-    def _signal_stop(self) -> None:
+    def signal_stop(self) -> None:
+        """Send SIGTERM without waiting (:meth:`stop` then waits): a group signals all
+        its children first, so that they shut down side by side."""
         if self._process is not None and self._process.is_alive():
             self._process.terminate()
 
-    def set_faults(self, **switches: Any) -> dict[str, Any]:
-        """Set :class:`~miles_lite.testing.Faults` switches in the child (blocking HTTP).
+    def call_json(self, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """GET ``path`` (or POST ``payload`` as JSON) on the child; its JSON answer
+        (blocking HTTP). Raises urllib.error.HTTPError for an error status."""
+        data = None if payload is None else json.dumps(payload).encode()
+        request = urllib.request.Request(
+            f"{self.url}{path}", data=data, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10.0) as answer:
+            result: dict[str, Any] = json.loads(answer.read())
+        return result
 
-        Returns the switches now in force. Raises urllib.error.HTTPError (400) for an
-        unknown switch or a bad value. From async code, POST ``/_stand_in/faults`` instead.
-        """
-        return _call_json(f"{self.url}/_stand_in/faults", switches)
 
-    def stats(self) -> dict[str, Any]:
-        """The child's :class:`~miles_lite.testing.EngineStats` as JSON (blocking HTTP)."""
-        return _call_json(f"{self.url}/_stand_in/stats", None)
+class ProcessGroup(StartStop, Generic[ChildT]):
+    """Several :class:`ChildProcess` started side by side (their start-ups overlap).
 
-
-class EngineProcessGroup(StartStop):
-    """Several :class:`EngineProcess` started side by side (their start-ups overlap).
-
-    Usage: ``with EngineProcessGroup([StandInConfig()] * 4) as group: group.urls``.
-    If one fails to start, all are stopped and its error is raised. Sync and async
-    context manager, like :class:`EngineProcess`; keyword arguments go to each.
+    Usage: ``with ProcessGroup([ChildProcess(...), ...]) as group: group.urls``. If one
+    fails to start, all are stopped and its error is raised. Sync and async context
+    manager, like :class:`ChildProcess`. ``processes`` must not be empty (ValueError).
     """
 
-    def __init__(self, configs: Sequence[StandInConfig], **kwargs: Any) -> None:
-        if not configs:
-            raise ConfigError("EngineProcessGroup needs at least one StandInConfig, got none")
-        self.processes = [EngineProcess(config, **kwargs) for config in configs]
+    def __init__(self, processes: Sequence[ChildT]) -> None:
+        if not processes:
+            raise ValueError(f"{type(self).__name__} needs at least one process, got none")
+        self.processes: list[ChildT] = list(processes)
 
     @property
     def urls(self) -> list[str]:
-        """The engines' URLs, in the order of the configs."""
+        """The engines' URLs, in the order of the processes."""
         return [process.url for process in self.processes]
 
     def start(self) -> None:
-        """Launch every engine, then wait for each (blocking)."""
+        """Launch every child, then wait for each (blocking)."""
         try:
             for process in self.processes:
                 process.launch()
@@ -236,9 +308,9 @@ class EngineProcessGroup(StartStop):
             raise
 
     def stop(self) -> None:
-        """Stop every engine (blocking); idempotent."""
+        """Stop every child (blocking); idempotent."""
         for process in self.processes:
-            process._signal_stop()  # signal all first: they shut down side by side
+            process.signal_stop()  # signal all first: they shut down side by side
         for process in self.processes:
             process.stop()
 
@@ -251,25 +323,17 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _call_json(url: str, payload: dict[str, Any] | None) -> dict[str, Any]:
-    data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10.0) as answer:
-        result: dict[str, Any] = json.loads(answer.read())
-    return result
-
-
-def _child_main(config: StandInConfig, conn: Connection) -> None:
+def _child_main(factory: EngineFactory[Any], config: Any, conn: Connection) -> None:
     """Entry point of the child: serve until SIGTERM/SIGINT or until the parent goes away."""
-    anyio.run(serve_in_child, StandInEngine, config, conn)
+    anyio.run(serve_in_child, factory, config, conn)
 
 
-async def serve_in_child(make_engine: Callable[[Any], Any], config: Any, conn: Connection) -> None:
-    """Run ``make_engine(config)`` (an async context manager with ``url``), send its URL to
+async def serve_in_child(factory: EngineFactory[Any], config: Any, conn: Connection) -> None:
+    """Run ``factory(config)`` (an async context manager with ``url``), send its URL to
     the parent, and serve until SIGTERM/SIGINT or until the parent goes away."""
     async with anyio.create_task_group() as tg:
         await tg.start(_exit_on_signal, tg.cancel_scope)
-        async with make_engine(config) as engine:
+        async with factory(config) as engine:
             conn.send(engine.url)
             # The pipe reads EOF once the parent closes it or dies: no orphans.
             while True:

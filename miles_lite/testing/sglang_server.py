@@ -31,13 +31,8 @@ from pathlib import Path
 
 import psutil
 
-from miles_lite.errors import (
-    ClosedResourceError,
-    ConfigError,
-    EngineTimeoutError,
-    EngineUnavailableError,
-)
-from miles_lite.testing._start_stop import StartStop
+from miles_lite.testing.errors import StandInError
+from miles_lite.testing.process import StartStop
 
 __all__ = ["SGLangServer", "SGLangServerConfig", "default_sglang_venv"]
 
@@ -83,9 +78,9 @@ class SGLangServerConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.venv, Path):
-            raise ConfigError(f"SGLangServerConfig.venv must be a Path, got {self.venv!r}")
+            raise ValueError(f"SGLangServerConfig.venv must be a Path, got {self.venv!r}")
         if self.model_path is not None and not isinstance(self.model_path, Path):
-            raise ConfigError(
+            raise ValueError(
                 f"SGLangServerConfig.model_path must be a Path or None, got {self.model_path!r}"
             )
         if (
@@ -93,19 +88,19 @@ class SGLangServerConfig:
             or isinstance(self.port, bool)
             or not (0 <= self.port <= 65535)
         ):
-            raise ConfigError(f"SGLangServerConfig.port must be in [0, 65535], got {self.port!r}")
+            raise ValueError(f"SGLangServerConfig.port must be in [0, 65535], got {self.port!r}")
         for name in ("start_timeout_s", "stop_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"SGLangServerConfig.{name} must be > 0, got {value!r}")
+                raise ValueError(f"SGLangServerConfig.{name} must be > 0, got {value!r}")
         for name in ("max_running_requests", "max_total_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"SGLangServerConfig.{name} must be an int >= 1, got {value!r}")
+                raise ValueError(f"SGLangServerConfig.{name} must be an int >= 1, got {value!r}")
         if not isinstance(self.extra_args, tuple) or not all(
             isinstance(a, str) for a in self.extra_args
         ):
-            raise ConfigError(
+            raise ValueError(
                 f"SGLangServerConfig.extra_args must be a tuple of str, got {self.extra_args!r}"
             )
 
@@ -128,13 +123,13 @@ class SGLangServer(StartStop):
         with SGLangServer() as server:
             ...  # POST f"{server.url}/generate"
 
-    ``start()`` raises :class:`~miles_lite.errors.EngineUnavailableError` when the venv or
-    model is missing (naming setup.sh) or the server exits while starting, and
-    :class:`~miles_lite.errors.EngineTimeoutError` when ``/health`` does not answer 200
-    within ``start_timeout_s``; both quote the tail of the server log. ``stop()`` sends
+    ``start()`` raises :class:`~miles_lite.testing.StandInError` when the venv or model
+    is missing (naming setup.sh), when the server exits while starting, or when
+    ``/health`` does not answer 200 within ``start_timeout_s``; the last two quote the
+    tail of the server log. ``stop()`` sends
     SIGTERM to the whole process tree, waits ``stop_timeout_s``, then kills what is left;
     it is idempotent, and runs at interpreter exit if nobody called it. A stopped server
-    cannot be restarted (:class:`~miles_lite.errors.ClosedResourceError`).
+    cannot be restarted (:class:`~miles_lite.testing.StandInError`).
     """
 
     def __init__(self, config: SGLangServerConfig | None = None) -> None:
@@ -151,9 +146,9 @@ class SGLangServer(StartStop):
 
     @property
     def url(self) -> str:
-        """``http://host:port``; raises ClosedResourceError before start() or after stop()."""
+        """``http://host:port``; raises StandInError before start() or after stop()."""
         if self._port is None or self._stopped:
-            raise ClosedResourceError("SGLangServer is not running")
+            raise StandInError("SGLangServer is not running")
         return f"http://{self._config.host}:{self._port}"
 
     @property
@@ -213,18 +208,16 @@ class SGLangServer(StartStop):
     def start(self) -> None:
         """Launch the server and block until ``/health`` answers 200."""
         if self._stopped:
-            raise ClosedResourceError("SGLangServer was stopped; make a new one")
+            raise StandInError("SGLangServer was stopped; make a new one")
         if self._proc is not None:
             return
         c = self._config
         if not c.python.exists():
-            raise EngineUnavailableError(
+            raise StandInError(
                 f"no SGLang venv at {c.venv}: run scripts/sglang-cpu/setup.sh {c.venv}"
             )
         if not (c.model / "config.json").exists():
-            raise EngineUnavailableError(
-                f"no model at {c.model}: run scripts/sglang-cpu/setup.sh {c.venv}"
-            )
+            raise StandInError(f"no model at {c.model}: run scripts/sglang-cpu/setup.sh {c.venv}")
         port = c.port or _free_port(c.host)
         fd, name = tempfile.mkstemp(prefix=f"sglang-{port}-", suffix=".log")
         self._log_path = Path(name)
@@ -266,10 +259,9 @@ class SGLangServer(StartStop):
         while True:
             code = self._proc.poll()
             if code is not None:
-                raise EngineUnavailableError(
-                    f"SGLang server exited with code {code} while starting; log tail:\n"
-                    f"{self.log_tail()}",
-                    url=url,
+                raise StandInError(
+                    f"SGLang server exited with code {code} while starting ({url}); log tail:\n"
+                    f"{self.log_tail()}"
                 )
             try:
                 with urllib.request.urlopen(url, timeout=5.0) as resp:
@@ -278,10 +270,9 @@ class SGLangServer(StartStop):
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() >= deadline:
-                raise EngineTimeoutError(
+                raise StandInError(
                     f"SGLang server did not answer /health within "
-                    f"{self._config.start_timeout_s} s; log tail:\n{self.log_tail()}",
-                    url=url,
+                    f"{self._config.start_timeout_s} s ({url}); log tail:\n{self.log_tail()}"
                 )
             time.sleep(_POLL_S)
 
@@ -358,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(3600)
-    except (EngineUnavailableError, EngineTimeoutError) as exc:
+    except StandInError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

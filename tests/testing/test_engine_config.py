@@ -4,7 +4,6 @@ import dataclasses
 
 import pytest
 
-from miles_lite.errors import ConfigError
 from miles_lite.testing import OPTIONAL_GROUPS, Faults, StandInConfig
 
 
@@ -36,11 +35,11 @@ def test_defaults_are_valid_and_speak_msgpack() -> None:
         ("null_groups", 1),
     ],
 )
-def test_bad_value_raises_config_error_naming_field_and_value(field: str, value: object) -> None:
-    with pytest.raises(ConfigError) as info:
+def test_bad_value_raises_value_error_naming_field_and_value(field: str, value: object) -> None:
+    with pytest.raises(ValueError) as info:
         StandInConfig(**{field: value})  # type: ignore[arg-type]
     assert field in str(info.value)
-    assert isinstance(info.value, ValueError)
+    assert repr(value) in str(info.value) or field == "default_groups"
 
 
 def test_config_is_frozen_and_keyword_only() -> None:
@@ -54,12 +53,12 @@ def test_config_is_frozen_and_keyword_only() -> None:
 
 def test_fault_update_is_all_or_nothing() -> None:
     faults = Faults()
-    with pytest.raises(ConfigError, match="stall_s"):
+    with pytest.raises(ValueError, match="stall_s"):
         faults.update({"drop_connection_next": 2, "stall_s": -1})
     assert faults.drop_connection_next == 0
-    with pytest.raises(ConfigError, match="bogus"):
+    with pytest.raises(ValueError, match="bogus"):
         faults.update({"bogus": 1})
-    with pytest.raises(ConfigError, match="status_next"):
+    with pytest.raises(ValueError, match="status_next"):
         faults.update({"status_next": [99]})
     faults.update({"status_next": [503], "unhealthy": True})
     assert faults.to_json()["status_next"] == [503]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import urllib.error
 import urllib.request
 
@@ -11,8 +12,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from miles_lite.errors import ClosedResourceError, ConfigError
-from miles_lite.testing import EngineProcess, EngineProcessGroup, StandInConfig
+from miles_lite.testing import EngineProcess, EngineProcessGroup, StandInConfig, StandInError
 from tests.testing.replies import get, post
 
 
@@ -52,13 +52,17 @@ def test_engine_process_serves_and_stops_cleanly() -> None:
             engine.set_faults(bogus=1)
     assert not engine.is_alive() and not pid_exists(pid)
     assert multiprocessing.active_children() == []
-    with pytest.raises(ClosedResourceError):
+    with pytest.raises(StandInError, match="create a new one"):
         engine.start()
 
 
 def test_fork_is_refused() -> None:
-    with pytest.raises(ConfigError, match="start_method"):
+    with pytest.raises(ValueError, match=r"start_method .*'fork'"):
         EngineProcess(start_method="fork")
+    with pytest.raises(ValueError, match=r"start_timeout_s .*0"):
+        EngineProcess(start_timeout_s=0)
+    with pytest.raises(ValueError, match="configs"):
+        EngineProcessGroup([])
 
 
 @pytest.mark.anyio
@@ -79,3 +83,20 @@ async def test_engine_process_group_in_async_code(session: aiohttp.ClientSession
         assert orphan._process.exitcode == 0
     assert all(pid is not None and not pid_exists(pid) for pid in pids)
     assert multiprocessing.active_children() == []
+
+
+def test_a_failed_start_says_why_and_stopping_after_it_hides_nothing() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = EngineProcess(StandInConfig(port=port), start_timeout_s=30)
+        with pytest.raises(StandInError, match="exited with code 1 before serving"):
+            process.start()
+        process.stop()  # no error hiding the start error
+        process.stop()  # idempotent
+        with (
+            pytest.raises(StandInError, match="before serving"),
+            EngineProcess(StandInConfig(port=port), start_timeout_s=30),
+        ):
+            pass

@@ -13,8 +13,13 @@ import torch
 
 from miles_lite.codecs.tensor_map import parse_safetensors
 from miles_lite.codecs.tensors import decode_to_tensors
-from miles_lite.errors import ClosedResourceError
-from miles_lite.testing import EngineStats, StandInConfig, StandInEngine, synthetic_sample
+from miles_lite.testing import (
+    EngineStats,
+    StandInConfig,
+    StandInEngine,
+    StandInError,
+    synthetic_sample,
+)
 from tests.testing.replies import get, post, post_raw
 
 pytestmark = pytest.mark.anyio
@@ -290,5 +295,5 @@ async def test_close_ends_waiting_requests_and_refuses_reuse(
             await engine.aclose()
     assert replies in ([503], [-1])
     await engine.aclose()  # idempotent
-    with pytest.raises(ClosedResourceError):
+    with pytest.raises(StandInError, match="closed"):
         await engine.start()

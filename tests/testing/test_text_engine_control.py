@@ -11,7 +11,6 @@ import aiohttp
 import anyio
 import pytest
 
-from miles_lite.errors import ConfigError
 from miles_lite.testing import (
     TextEngineProcess,
     TextPolicy,
@@ -155,7 +154,7 @@ async def test_sampling_edge_cases(tokenizer: Any, http: aiohttp.ClientSession) 
         assert [a["meta_info"]["id"] for a in batch] == ["r-a", "r-b"]
     stats = engine.statistics()
     assert {"r-a", "r-b"} <= set(stats.rids_seen) and stats.running == stats.waiting == 0
-    with pytest.raises(ConfigError, match="max_running"):
+    with pytest.raises(ValueError, match="max_running"):
         TextStandInConfig(max_running=0)
 
 
@@ -271,8 +270,7 @@ def test_the_engine_runs_in_a_child_process() -> None:
         with urllib.request.urlopen(request, timeout=10) as answer:
             generated = json.loads(answer.read())
         stats = engine.stats()
-        with pytest.raises(ConfigError):
-            engine.set_faults(delay_s=1)
+        assert not hasattr(engine, "set_faults")  # the text stand-in has no fault switches
     assert generated["meta_info"]["completion_tokens"] == 2
     assert stats["generated_tokens"] == 2 and stats["requests"][0]["text"] == "hi"
     assert not engine.is_alive()
@@ -299,9 +297,9 @@ async def test_random_answers_follow_seed_rid_and_prompt(
         )
         meta = top["meta_info"]
         assert meta["output_top_logprobs"] == [[e] for e in meta["output_token_logprobs"]]
-    with pytest.raises(ConfigError, match="seed"):
+    with pytest.raises(ValueError, match="seed"):
         TextPolicy(seed="1")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="pattern"):
+    with pytest.raises(ValueError, match="pattern"):
         TextRule("(unclosed", "x")
 
 
@@ -346,7 +344,7 @@ async def test_warm_up_answers_503_and_weights_from_disk_set_the_version(
         assert engine.statistics().weight_version == "step-8"
         status, _ = await post(http, f"{url}/update_weights_from_disk", {"weight_version": "9"})
         assert status == 400
-    with pytest.raises(ConfigError, match="warmup_s"):
+    with pytest.raises(ValueError, match="warmup_s"):
         TextStandInConfig(warmup_s=-1)
 
 

@@ -10,7 +10,6 @@ import aiohttp
 import pytest
 import torch
 
-from miles_lite.errors import ConfigError
 from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
 
 from .test_text_engine import post
@@ -46,7 +45,7 @@ async def test_the_tiny_model_answers_with_log_probs_a_test_can_recompute(
 
         first, again, other = await generate("a"), await generate("a"), await generate("b")
         greedy = await generate("c", temperature=0.0)
-        model = engine._model
+        model = engine.model
         assert model is not None
         recomputed = model.logprobs([1, 2, 3, 4], first["output_ids"])
     assert first["output_ids"] == again["output_ids"] != other["output_ids"]
@@ -56,5 +55,5 @@ async def test_the_tiny_model_answers_with_log_probs_a_test_can_recompute(
     assert all(lp < 0 for lp in reported)
     greedy_lps = [lp for lp, _, _ in greedy["meta_info"]["output_token_logprobs"]]
     assert len(greedy_lps) == 6 and max(greedy_lps) > min(reported) - 5
-    with pytest.raises(ConfigError, match="hidden_size"):
+    with pytest.raises(ValueError, match="hidden_size"):
         TinyModelPolicy(hidden_size=30)

@@ -6,8 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from miles_lite.errors import ConfigError
-
 __all__ = ["OPTIONAL_GROUPS", "StandInConfig"]
 
 #: The nested groups of a rollout sample that a request may turn off (then they are null).
@@ -62,7 +60,7 @@ class StandInConfig:
         spends no CPU building what it already sent (its ``request_id`` is then the first
         request's). 0 (default): every body is built afresh.
 
-    Raises :class:`~miles_lite.errors.ConfigError` naming the field and the bad value.
+    Raises :class:`ValueError` naming the field and the bad value.
     """
 
     wire: Literal["msgpack", "json"] = "msgpack"
@@ -93,15 +91,15 @@ class StandInConfig:
 
     def __post_init__(self) -> None:
         if self.wire not in _WIRES:
-            raise ConfigError(f"StandInConfig.wire must be one of {_WIRES}, got {self.wire!r}")
+            raise ValueError(f"StandInConfig.wire must be one of {_WIRES}, got {self.wire!r}")
         if self.dtype not in _DTYPES:
-            raise ConfigError(f"StandInConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            raise ValueError(f"StandInConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
         for name in ("model_path", "host"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ConfigError(f"StandInConfig.{name} must be a non-empty string, got {value!r}")
+                raise ValueError(f"StandInConfig.{name} must be a non-empty string, got {value!r}")
         if not _is_int(self.port) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"StandInConfig.port must be an int in [0, 65535], got {self.port!r}")
+            raise ValueError(f"StandInConfig.port must be an int in [0, 65535], got {self.port!r}")
         for name in (
             "latent_channels",
             "latent_height",
@@ -119,32 +117,32 @@ class StandInConfig:
         ):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise ConfigError(f"StandInConfig.{name} must be an int >= 1, got {value!r}")
+                raise ValueError(f"StandInConfig.{name} must be an int >= 1, got {value!r}")
         if not _is_int(self.body_cache_bytes) or self.body_cache_bytes < 0:
-            raise ConfigError(
+            raise ValueError(
                 f"StandInConfig.body_cache_bytes must be an int >= 0, got {self.body_cache_bytes!r}"
             )
         for name in ("latent_height", "latent_width"):
             if getattr(self, name) % self.patch_size:
-                raise ConfigError(
+                raise ValueError(
                     f"StandInConfig.{name} must be a multiple of patch_size={self.patch_size}, "
                     f"got {getattr(self, name)!r}"
                 )
         for name in ("guidance_scale", "rollout_noise_level", "step_latency_s", "warmup_s"):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value < 0:
-                raise ConfigError(
+                raise ValueError(
                     f"StandInConfig.{name} must be a finite number >= 0, got {value!r}"
                 )
         if not isinstance(self.null_groups, bool):
-            raise ConfigError(f"StandInConfig.null_groups must be a bool, got {self.null_groups!r}")
+            raise ValueError(f"StandInConfig.null_groups must be a bool, got {self.null_groups!r}")
         if isinstance(self.default_groups, str) or not _is_iterable(self.default_groups):
-            raise ConfigError(
+            raise ValueError(
                 f"StandInConfig.default_groups must be a set of group names, got {self.default_groups!r}"
             )
         groups = frozenset(self.default_groups)
         if not groups <= OPTIONAL_GROUPS:
-            raise ConfigError(
+            raise ValueError(
                 f"StandInConfig.default_groups has unknown groups {sorted(groups - OPTIONAL_GROUPS)}; "
                 f"known: {sorted(OPTIONAL_GROUPS)}"
             )

@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from miles_lite.errors import ConfigError
-
 __all__ = ["Faults"]
 
 _COUNTERS = ("drop_connection_next", "truncate_body_next", "stall_next", "corrupt_body_next")
@@ -46,13 +44,13 @@ class Faults:
     def update(self, changes: Mapping[str, Any]) -> None:
         """Set the named switches (the JSON of ``POST /_stand_in/faults``).
 
-        All or nothing: raises :class:`~miles_lite.errors.ConfigError` naming the first
+        All or nothing: raises :class:`ValueError` naming the first
         unknown switch or bad value, and then changes nothing.
         """
         known = {f.name for f in fields(self)}
         for name, value in changes.items():
             if name not in known:
-                raise ConfigError(f"unknown fault switch {name!r}; known: {sorted(known)}")
+                raise ValueError(f"unknown fault switch {name!r}; known: {sorted(known)}")
             _check(name, value)
         for name, value in changes.items():
             setattr(self, name, list(value) if name == "status_next" else value)
@@ -69,7 +67,7 @@ class Faults:
 def _check(name: str, value: Any) -> None:
     if name in _COUNTERS:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"fault {name} must be an int >= 0, got {value!r}")
+            raise ValueError(f"fault {name} must be an int >= 0, got {value!r}")
     elif name == "stall_s":
         if (
             not isinstance(value, (int, float))
@@ -77,13 +75,13 @@ def _check(name: str, value: Any) -> None:
             or not math.isfinite(value)
             or value < 0
         ):
-            raise ConfigError(
+            raise ValueError(
                 f"fault stall_s must be a finite number of seconds >= 0, got {value!r}"
             )
     elif name == "status_next":
         if not isinstance(value, list) or not all(
             isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599 for s in value
         ):
-            raise ConfigError(f"fault status_next must be a list of HTTP statuses, got {value!r}")
+            raise ValueError(f"fault status_next must be a list of HTTP statuses, got {value!r}")
     elif name == "unhealthy" and not isinstance(value, bool):
-        raise ConfigError(f"fault unhealthy must be a bool, got {value!r}")
+        raise ValueError(f"fault unhealthy must be a bool, got {value!r}")

@@ -1,4 +1,9 @@
-"""What a stand-in engine has seen and done: counters and a log of request bodies."""
+"""What a diffusion stand-in engine has seen and done: counters and a log of request bodies.
+
+:class:`EngineStats` is live (the engine updates it as it runs; tests read and wait on
+it); :class:`EngineStatistics` is a frozen snapshot of it
+(:meth:`~miles_lite.testing.StandInEngine.statistics`), as every stand-in gives one.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EngineStats"]
+__all__ = ["EngineStatistics", "EngineStats"]
 
 
 @dataclass
@@ -42,6 +47,21 @@ class EngineStats:
         self.max_generations_in_flight = self.generations_in_flight
         self.requests.clear()
 
+    def snapshot(self) -> EngineStatistics:
+        """A frozen copy of the counters and the request log, as they are now."""
+        return EngineStatistics(
+            requests_received=self.requests_received,
+            requests_served=self.requests_served,
+            requests_aborted=self.requests_aborted,
+            requests_failed=self.requests_failed,
+            samples_served=self.samples_served,
+            bytes_served=self.bytes_served,
+            generations_in_flight=self.generations_in_flight,
+            requests_waiting=self.requests_waiting,
+            max_generations_in_flight=self.max_generations_in_flight,
+            requests=tuple(self.requests),
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The counters and the request log as a JSON-ready map."""
         return {
@@ -56,3 +76,20 @@ class EngineStats:
             "max_generations_in_flight": self.max_generations_in_flight,
             "requests": list(self.requests),
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStatistics:
+    """A snapshot of :class:`EngineStats` (:meth:`~miles_lite.testing.StandInEngine.statistics`):
+    the same fields, ``requests`` a tuple."""
+
+    requests_received: int
+    requests_served: int
+    requests_aborted: int
+    requests_failed: int
+    samples_served: int
+    bytes_served: int
+    generations_in_flight: int
+    requests_waiting: int
+    max_generations_in_flight: int
+    requests: tuple[Any, ...]

@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from miles_lite.errors import ConfigError
-
 __all__ = ["TinyModel", "TinyModelPolicy"]
 
 
@@ -39,9 +37,9 @@ class TinyModelPolicy:
         for name in ("seed", "hidden_size", "num_layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"TinyModelPolicy.{name} must be an int >= 0, got {value!r}")
+                raise ValueError(f"TinyModelPolicy.{name} must be an int >= 0, got {value!r}")
         if self.hidden_size < 8 or self.hidden_size % 4:
-            raise ConfigError(
+            raise ValueError(
                 f"TinyModelPolicy.hidden_size must be a multiple of 4 >= 8, got {self.hidden_size}"
             )
 

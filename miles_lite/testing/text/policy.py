@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles_lite.errors import ConfigError
+from miles_lite.testing.tokenizers import fast_decode
 
-__all__ = ["TextPolicy", "TextRule", "fast_decode", "fast_encode", "token_logprob"]
+__all__ = ["TextPolicy", "TextRule", "token_logprob"]
 
 #: Ordinary BPE tokens of the Qwen3 vocabulary (no special tokens), for random answers.
 _VOCAB_RANGE = (1000, 30000)
@@ -45,7 +45,7 @@ class TextRule:
         try:
             re.compile(self.pattern)
         except re.error as exc:
-            raise ConfigError(f"TextRule.pattern {self.pattern!r} is not a regex: {exc}") from exc
+            raise ValueError(f"TextRule.pattern {self.pattern!r} is not a regex: {exc}") from exc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,9 +66,9 @@ class TextPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int):
-            raise ConfigError(f"TextPolicy.seed must be an int, got {self.seed!r}")
+            raise ValueError(f"TextPolicy.seed must be an int, got {self.seed!r}")
         if not isinstance(self.default_length, int) or self.default_length < 0:
-            raise ConfigError(
+            raise ValueError(
                 f"TextPolicy.default_length must be an int >= 0, got {self.default_length!r}"
             )
 
@@ -94,28 +94,6 @@ class TextPolicy:
         rand = random.Random(int.from_bytes(digest.digest(), "little"))
         ids = [rand.randrange(*_VOCAB_RANGE) for _ in range(self.default_length)]
         return ids + ([_eos_id(tokenizer)] if self.eos else [])
-
-
-def fast_decode(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
-    """``tokenizer.decode(ids)``, through its Rust backend when the two agree.
-
-    transformers converts every id in Python before decoding, which costs more than the
-    decode itself; without space clean-up (Qwen3) the backend's text is the same.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return str(backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
-    return str(tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-
-def fast_encode(tokenizer: Any, text: str) -> list[int]:
-    """``tokenizer.encode(text, add_special_tokens=False)`` for a worker thread: the Rust
-    backend's batch call releases the GIL while it works (its single call does not), so
-    the event loop keeps running beside a long prompt."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
-    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _last_turn(text: str) -> str:

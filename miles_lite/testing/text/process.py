@@ -9,50 +9,44 @@ Usage (sync or async, as :class:`~miles_lite.testing.EngineProcess`)::
 
 The child loads the Qwen3 tokenizer itself (about a second); ``stats()`` returns its
 :class:`~miles_lite.testing.TextEngineStatistics` as JSON. Start-up, shutdown, timeouts
-and errors are those of :class:`~miles_lite.testing.EngineProcess` (the shared base).
+and errors are those of :class:`~miles_lite.testing.process.ChildProcess`. The text
+stand-in has no fault switches, so there is no ``set_faults``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
-import anyio
-
-from miles_lite.errors import ConfigError
-from miles_lite.testing.process import EngineProcess, EngineProcessGroup, serve_in_child
-from miles_lite.testing.text.engine import TextStandInConfig, TextStandInEngine
+from miles_lite.testing.process import ChildProcess, ProcessGroup
+from miles_lite.testing.text.config import TextStandInConfig
+from miles_lite.testing.text.engine import TextStandInEngine
 
 __all__ = ["TextEngineProcess", "TextEngineProcessGroup"]
 
 
-class TextEngineProcess(EngineProcess):
+class TextEngineProcess(ChildProcess[TextStandInConfig]):
     """A :class:`~miles_lite.testing.TextStandInEngine` in a child process (see the module
-    docstring). ``set_faults`` does not apply: the text stand-in has no fault switches."""
-
-    config: TextStandInConfig  # type: ignore[assignment]
+    docstring). ``config`` defaults to ``TextStandInConfig()``; keyword arguments are
+    :class:`~miles_lite.testing.process.ChildProcess`'s."""
 
     def __init__(self, config: TextStandInConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(None, **kwargs)
-        self.config = config if config is not None else TextStandInConfig()
+        config = config if config is not None else TextStandInConfig()
+        super().__init__(TextStandInEngine, config, **kwargs)
 
-    def _child_target(self) -> Any:
-        return _text_child_main
+    def stats(self) -> dict[str, Any]:
+        """The child's :class:`~miles_lite.testing.TextEngineStatistics` as JSON
+        (blocking HTTP)."""
+        return self.call_json("/_stand_in/stats")
 
-    def set_faults(self, **switches: Any) -> dict[str, Any]:
-        raise ConfigError("the text stand-in engine has no fault switches")
 
-
-class TextEngineProcessGroup(EngineProcessGroup):
+class TextEngineProcessGroup(ProcessGroup[TextEngineProcess]):
     """Several :class:`TextEngineProcess` started side by side (their start-ups overlap)."""
 
     def __init__(self, configs: Sequence[TextStandInConfig], **kwargs: Any) -> None:
         if not configs:
-            raise ConfigError("TextEngineProcessGroup needs at least one TextStandInConfig")
-        self.processes = [TextEngineProcess(config, **kwargs) for config in configs]
-
-
-def _text_child_main(config: TextStandInConfig, conn: Connection) -> None:
-    """Entry point of the child: serve until SIGTERM/SIGINT or until the parent goes away."""
-    anyio.run(serve_in_child, TextStandInEngine, config, conn)
+            raise ValueError(
+                "TextEngineProcessGroup configs must hold at least one TextStandInConfig,"
+                f" got {configs!r}"
+            )
+        super().__init__([TextEngineProcess(config, **kwargs) for config in configs])

@@ -1,0 +1,176 @@
+"""When the text stand-in's requests generate: batch slots, pauses, aborts, token pacing.
+
+At most ``max_running`` requests generate at once; the rest wait for a slot (they count
+in ``waiting``). ``/pause_generation`` holds every request at its next token: mode
+``abort`` also aborts them all, ``retract`` and ``in_place`` keep them (the stand-in has
+no KV cache to retract) until ``/continue_generation``. An aborted request stops at its
+next token, or leaves the queue at once, and answers with what it made so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from miles_lite.testing.text.stats import TextEngineStats
+
+__all__ = ["ABORT", "PAUSE_MODES", "Call", "Scheduler"]
+
+#: The finish reason of an aborted request, as SGLang gives it.
+ABORT: dict[str, Any] = {
+    "type": "abort",
+    "message": "Aborted",
+    "status_code": None,
+    "err_type": None,
+}
+#: What ``/pause_generation`` takes as ``mode``.
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+class Call:
+    """One prompt generating: its rid, abort flag and the tokens made so far."""
+
+    __slots__ = ("aborted", "logprobs", "out", "progress", "rid")
+
+    def __init__(self, rid: str, *, streaming: bool = False) -> None:
+        self.rid = rid
+        self.aborted = anyio.Event()
+        self.out: list[int] = []
+        # The model policy's log-probs of ``out`` (the scripted one computes its own).
+        self.logprobs: list[float] = []
+        # Set (and replaced) after each token: what a streaming answer waits on. None
+        # when nobody streams: an event per token costs more than making the token.
+        self.progress = anyio.Event() if streaming else None
+
+    def advanced(self) -> None:
+        """Wake whoever streams this call: a token was made, or it ended."""
+        if self.progress is not None:
+            self.progress.set()
+            self.progress = anyio.Event()
+
+
+class Scheduler:
+    """Batch slots, pause state and abort flags of one engine (see the module docstring).
+
+    ``stats`` gets the ``waiting`` / ``running`` / ``max_running_seen`` counters.
+    :meth:`start` makes the slots and the pause event on the engine's event loop.
+    """
+
+    def __init__(self, max_running: int, token_latency_s: float, stats: TextEngineStats) -> None:
+        self.max_running = max_running
+        self.token_latency_s = token_latency_s
+        self.stats = stats
+        self._calls: set[Call] = set()
+        self._slots: anyio.Semaphore | None = None
+        self._unpaused: anyio.Event | None = None
+
+    def start(self) -> None:
+        """Make the slots and the (set) pause event, on the event loop."""
+        self._slots = anyio.Semaphore(self.max_running)
+        self._unpaused = anyio.Event()
+        self._unpaused.set()
+
+    @property
+    def paused(self) -> bool:
+        """Whether ``/pause_generation`` holds generation now."""
+        return self._unpaused is not None and not self._unpaused.is_set()
+
+    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
+        """Abort requests whose rid starts with ``rid`` (or all); returns how many."""
+        count = 0
+        for call in list(self._calls):
+            if abort_all or (rid is not None and call.rid.startswith(rid)):
+                call.aborted.set()
+                count += 1
+        return count
+
+    def pause(self, mode: str) -> None:
+        """Hold generation (one of :data:`PAUSE_MODES`; ``abort`` also aborts all)."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        unpaused = self._started()[1]
+        if unpaused.is_set():
+            self._unpaused = anyio.Event()
+        if mode == "abort":
+            self.abort(abort_all=True)
+
+    def resume(self) -> None:
+        """Let held requests go on (``/continue_generation``)."""
+        self._started()[1].set()
+
+    def close(self) -> None:
+        """End everything: abort all requests and lift any pause (the engine closes)."""
+        self.abort(abort_all=True)
+        if self._unpaused is not None:
+            self._unpaused.set()
+
+    async def run(
+        self, call: Call, generate: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Wait for a slot, then ``generate()`` (the finish reason) holding it.
+
+        :data:`ABORT` if ``call`` is aborted while it waits. ``call`` may be aborted
+        (:meth:`abort`) from its start to its end.
+        """
+        slots = self._started()[0]
+        self._calls.add(call)
+        try:
+            self.stats.waiting += 1
+            try:
+                if slots.value > 0:  # a free slot: no task to watch for aborts
+                    slots.acquire_nowait()
+                    acquired = True
+                else:
+                    acquired = await self._wait_for_slot(call, slots)
+            finally:
+                self.stats.waiting -= 1
+            if not acquired:
+                return dict(ABORT)
+            try:
+                self.stats.running += 1
+                self.stats.max_running_seen = max(self.stats.max_running_seen, self.stats.running)
+                return await generate()
+            finally:
+                self.stats.running -= 1
+                slots.release()
+        finally:
+            self._calls.discard(call)
+
+    async def pace(self, call: Call) -> bool:
+        """Before each token: wait while paused, then ``token_latency_s``; False once
+        ``call`` is aborted (an abort is seen at the next token, as SGLang sees it at
+        the next step)."""
+        unpaused = self._started()[1]
+        if not unpaused.is_set():
+            with anyio.CancelScope() as held:
+                async with anyio.create_task_group() as watch:
+                    watch.start_soon(_cancel_on, call.aborted, held)
+                    await unpaused.wait()
+                    watch.cancel_scope.cancel()
+        if self.token_latency_s > 0 and not call.aborted.is_set():
+            # A plain sleep costs far less than a cancel scope per token.
+            await anyio.sleep(self.token_latency_s)
+        return not call.aborted.is_set()
+
+    async def _wait_for_slot(self, call: Call, slots: anyio.Semaphore) -> bool:
+        """Wait for a batch slot; False (and no slot held) if the call is aborted first."""
+        acquired = False
+        with anyio.CancelScope() as waiting:
+            async with anyio.create_task_group() as watch:
+                watch.start_soon(_cancel_on, call.aborted, waiting)
+                await slots.acquire()
+                acquired = True
+                watch.cancel_scope.cancel()
+        return acquired
+
+    def _started(self) -> tuple[anyio.Semaphore, anyio.Event]:
+        if self._slots is None or self._unpaused is None:
+            raise RuntimeError("the text stand-in's scheduler is used before start()")
+        return self._slots, self._unpaused
+
+
+async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
