@@ -16,6 +16,7 @@ import anyio
 
 from miles_lite.engine.config import RouterConfig
 from miles_lite.errors import (
+    RETRYABLE_STATUSES,
     ConfigError,
     EngineError,
     EngineStatusError,
@@ -312,12 +313,16 @@ class Balancer:
 
 def marks_unhealthy(exc: BaseException, url: str) -> bool:
     """Whether ``exc`` says that the engine at ``url`` is failing: it cannot be reached, it
-    timed out, or it answered 5xx. An answer to a bad request (4xx) does not count, nor an
-    error about another engine. Looks inside exception groups."""
+    timed out, or it answered 502/503/504 (overloaded, starting, behind a failing proxy).
+
+    An answer to a bad request does not count: a 4xx, or a 500 SGLang raises for a body
+    it cannot handle (one agent's requests must not take a shared engine out of rotation
+    for everyone); nor does an error about another engine. Looks inside exception groups.
+    """
     if isinstance(exc, BaseExceptionGroup):
         return any(marks_unhealthy(inner, url) for inner in exc.exceptions)
     if not isinstance(exc, EngineError) or exc.url not in (None, url):
         return False
     if isinstance(exc, EngineStatusError):
-        return exc.status >= 500
+        return exc.status in RETRYABLE_STATUSES
     return isinstance(exc, EngineUnavailableError | EngineTimeoutError)

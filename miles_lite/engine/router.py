@@ -130,9 +130,10 @@ class Router(AsyncResource):
         ``wait_timeout_s``, then raises ``EngineUnavailableError`` listing the URLs (not
         retryable: the wait is over).
 
-        When the block raises an ``EngineUnavailableError``, ``EngineTimeoutError`` or 5xx
-        ``EngineStatusError`` about this engine (also inside an exception group), a failure
-        is recorded; ``failure_threshold`` in a row take the engine out of rotation. When
+        When the block raises an ``EngineUnavailableError``, ``EngineTimeoutError`` or a
+        502/503/504 ``EngineStatusError`` about this engine (also inside an exception
+        group), a failure is recorded; ``failure_threshold`` in a row take the engine out
+        of rotation. Answers to bad requests (4xx, 500) do not count. When
         it exits normally, the failure count is reset. Other errors and cancellation count
         as neither. Raises ``ClosedResourceError`` outside the router's ``async with``.
 

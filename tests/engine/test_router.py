@@ -155,6 +155,8 @@ async def test_only_errors_about_a_failing_engine_count(
     async with Router([a], client, QUIET) as router:
         for error in [
             EngineStatusError("bad request", status=400),
+            # SGLang answers 500 to some bodies it cannot handle: the request's fault.
+            EngineStatusError("internal error", status=500),
             EngineProtocolError("truncated"),
             EngineUnavailableError("another engine", url="http://elsewhere:1"),
         ]:

@@ -10,6 +10,7 @@ from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.worker_arena import WorkerArena
 from tests.garbage import collect_garbage
+from tests.leaks import leaked_shm, shm_entries
 
 pytestmark = pytest.mark.anyio
 
@@ -95,7 +96,7 @@ async def test_worker_side_allocation_is_adopted_shrunk_and_reclaimed() -> None:
 
 async def test_nothing_is_left_after_close_even_while_tensors_live() -> None:
     await collect_garbage()
-    before_shm = set(os.listdir("/dev/shm"))
+    before_shm = shm_entries()
     before = memfds()
     arena = await Arena.create(ArenaConfig(size_bytes=4 * PAGE, page_bytes=PAGE))
     assert memfds() > before
@@ -111,7 +112,7 @@ async def test_nothing_is_left_after_close_even_while_tensors_live() -> None:
     del t, arena
     await collect_garbage()
     assert memfds() == before
-    assert set(os.listdir("/dev/shm")) == before_shm
+    assert leaked_shm(before_shm) == set()  # only what this test left counts
 
 
 def test_config_names_the_bad_field() -> None:

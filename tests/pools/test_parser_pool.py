@@ -16,6 +16,7 @@ from miles_lite.errors import CodecError, EngineProtocolError, EngineStatusError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from tests.garbage import collect_garbage
+from tests.leaks import leaked_shm, shm_entries
 from tests.pools.bodies import CTYPE, body
 
 pytestmark = pytest.mark.anyio
@@ -150,7 +151,7 @@ async def test_cancelled_fetch_frees_the_late_answer(parser: ParserPool, server:
 
 
 async def test_killed_worker_pages_are_reclaimed_and_nothing_leaks(server: Server) -> None:
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     cfg = ParserPoolConfig(workers=1, arena=ArenaConfig(size_bytes=64 * PAGE, page_bytes=PAGE))
     async with ParserPool(cfg) as parser:
         assert parser.arena is not None
@@ -162,4 +163,4 @@ async def test_killed_worker_pages_are_reclaimed_and_nothing_leaks(server: Serve
             await parser.fetch(fetch(server, 6))
         assert parser.arena.used_bytes == 0
         assert len((await parser.fetch(fetch(server, 7))).items) == 2
-    assert set(os.listdir("/dev/shm")) == shm_before
+    assert leaked_shm(shm_before) == set()  # only what this test left counts
