@@ -130,7 +130,7 @@ class DiffusionRollout(Rollout):
             elif parser_config.arena is not None:
                 # Inline decoding still reads bodies into reused, pre-faulted memory.
                 arena_config: ArenaConfig = parser_config.arena
-                arena = await stack.enter_async_context(await Arena.create(arena_config))
+                arena = await stack.enter_async_context(Arena(arena_config))
             pools = await open_reward_pools(stack, rewards or {}, config, arena=arena)
             yield cls(
                 config=config, router=router, parser=parser, rewards=pools, arena=arena, **kwargs

@@ -42,7 +42,8 @@ from typing import Any
 import anyio
 import numpy as np
 
-from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
+from miles_lite._core.resources import AsyncResource
+from miles_lite.errors import ArenaFullError, ConfigError
 from miles_lite.pools.arena_pages import (
     PARENT,
     Allocation,
@@ -52,7 +53,7 @@ from miles_lite.pools.arena_pages import (
     map_shared,
 )
 
-__all__ = ["Arena", "ArenaConfig", "Lease"]
+__all__ = ["Arena", "ArenaConfig", "ArenaStatistics", "Lease"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,54 +122,74 @@ class Lease:
             arena._drain()
 
 
-class Arena:
+@dataclass(frozen=True, slots=True)
+class ArenaStatistics:
+    """An arena now: ``used_bytes`` held (main process and workers), ``size_bytes``, and
+    ``waits``: allocations that found no room and waited."""
+
+    used_bytes: int
+    size_bytes: int
+    waits: int
+
+
+class Arena(AsyncResource):
     """The main process's side of a shared-memory arena (see the module docstring).
 
-    Create with :meth:`create` (it maps and pre-faults the memory off the event loop);
-    close with :meth:`aclose` or ``async with``. After close, tensors the user still
-    holds stay valid; the memory goes when they do.
+    ``async with Arena(config) as arena`` (or ``await Arena.create(config)``, closed with
+    :meth:`aclose`) maps and pre-faults the memory off the event loop. After close,
+    tensors the user still holds stay valid; the memory goes when they do.
     """
 
+    _resource_name = "arena"
+
     def __init__(self, config: ArenaConfig) -> None:
+        super().__init__()
         self.config = config
-        n_pages = config.size_bytes // config.page_bytes
-        self._data_offset = math.ceil(n_pages / config.page_bytes) * config.page_bytes
-        self._fd = os.memfd_create("miles_lite_arena", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(self._fd, self._data_offset + n_pages * config.page_bytes)
-            self._mmap = map_shared(
-                self._fd, self._data_offset + n_pages * config.page_bytes, config.populate
-            )
-        except BaseException:
-            os.close(self._fd)
-            raise
-        self._view = memoryview(self._mmap)
-        self._table = PageTable(self._fd, self._view[:n_pages], config.page_bytes)
-        self._data = np.frombuffer(self._mmap, dtype=np.uint8, offset=self._data_offset)
-        self.n_pages = n_pages
-        self._closed = False
+        self.n_pages = config.size_bytes // config.page_bytes
+        self._data_offset = math.ceil(self.n_pages / config.page_bytes) * config.page_bytes
         # Frees queued by finalizers (see the module docstring); drained under the lock.
         self._pending_frees: collections.deque[tuple[int, int]] = collections.deque()
-        self._released = anyio.Event()
         self.waits = 0
         self._loop_thread = threading.get_ident()
-        # The loop finalizers hand their frees to (see _queue_free); set by create().
+        # The loop finalizers hand their frees to (see _queue_free); set when opened.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_scheduled = False
 
     @classmethod
     async def create(cls, config: ArenaConfig | None = None) -> Arena:
-        """Create and pre-fault an arena in a worker thread (seconds for several GB)."""
-        arena = await anyio.to_thread.run_sync(cls, config or ArenaConfig())
-        arena._loop_thread = threading.get_ident()
-        arena._loop = asyncio.get_running_loop()
+        """An open arena (mapped and pre-faulted in a worker thread: seconds for several
+        GB); close it with :meth:`aclose`."""
+        arena = cls(config or ArenaConfig())
+        await arena.__aenter__()
         return arena
 
-    async def __aenter__(self) -> Arena:
-        return self
+    async def _open(self) -> None:
+        await anyio.to_thread.run_sync(self._map)
+        self._released = anyio.Event()
+        self._loop_thread = threading.get_ident()
+        self._loop = asyncio.get_running_loop()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    def _map(self) -> None:
+        config = self.config
+        length = self._data_offset + self.n_pages * config.page_bytes
+        fd = os.memfd_create("miles_lite_arena", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, length)
+            mapping = map_shared(fd, length, config.populate)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._mmap = mapping
+        self._view = memoryview(mapping)
+        self._table = PageTable(fd, self._view[: self.n_pages], config.page_bytes)
+        self._data = np.frombuffer(mapping, dtype=np.uint8, offset=self._data_offset)
+
+    def statistics(self) -> ArenaStatistics:
+        """A snapshot of the arena's use."""
+        return ArenaStatistics(
+            used_bytes=self.used_bytes, size_bytes=self.config.size_bytes, waits=self.waits
+        )
 
     @property
     def handle(self) -> ArenaHandle:
@@ -248,7 +269,7 @@ class Arena:
         Lets another attached process read the tensor without its bytes being copied; the
         caller keeps ``tensor`` alive until the reader is done.
         """
-        if self._closed or not tensor.is_contiguous() or tensor.device.type != "cpu":
+        if self.closed or not tensor.is_contiguous() or tensor.device.type != "cpu":
             return None
         base = self._data.ctypes.data
         offset = tensor.data_ptr() - base
@@ -259,7 +280,7 @@ class Arena:
 
     def discard(self, allocation: Allocation) -> None:
         """Free an allocation nobody will use (a worker result that arrived too late)."""
-        if not self._closed:
+        if not self.closed:
             self._table.free(allocation.first_page, allocation.n_pages)
             self._signal()
 
@@ -276,18 +297,17 @@ class Arena:
 
     def reclaim(self, tag: int) -> int:
         """Free the pages a dead worker ``tag`` held; return the number of pages."""
-        if self._closed:
+        if self.closed:
             return 0
         freed = self._table.reclaim(tag)
         if freed:
             self._signal()
         return freed
 
-    async def aclose(self) -> None:
+    async def _close(self) -> None:
         """Stop serving allocations; memory still viewed by tensors lives on with them."""
-        if self._closed:
-            return
-        self._closed = True
+        if not hasattr(self, "_mmap"):
+            return  # never mapped
         self._data = None  # type: ignore[assignment]
         self._table.release()
         self._view.release()
@@ -311,7 +331,7 @@ class Arena:
         # neither does call_soon_threadsafe (a deque append and a byte to the self-pipe).
         self._pending_frees.append((first, n_pages))
         loop = self._loop
-        if loop is None or self._drain_scheduled or self._closed:
+        if loop is None or self._drain_scheduled or self.closed:
             return
         # Cleared by the drain before it reads the queue: a free queued after that
         # schedules another drain, one queued before it is drained by this one.
@@ -329,7 +349,7 @@ class Arena:
         freed = False
         while self._pending_frees:
             first, n_pages = self._pending_frees.popleft()
-            if not self._closed:
+            if not self.closed:
                 self._table.free(first, n_pages)
                 freed = True
         if freed:
@@ -340,10 +360,6 @@ class Arena:
         # collection there, a late worker result) is picked up by the polling in lease().
         if threading.get_ident() == self._loop_thread:
             self._released.set()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedResourceError("the arena is closed")
 
 
 def _free_pages(arena: Arena, first: int, n_pages: int) -> None:

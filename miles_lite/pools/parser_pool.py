@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from miles_lite._core.resources import AsyncResource, ResourceState
 from miles_lite.codecs.tensors import materialize
 from miles_lite.engine.blocking import BlockingRequest
 from miles_lite.errors import ConfigError, MilesLiteError
@@ -81,13 +82,15 @@ class ParsedBody:
     parsed_at: float = 0.0
 
 
-class ParserPool:
+class ParserPool(AsyncResource):
     """Parser workers plus the arena they hand tensors over in.
 
     Use as ``async with ParserPool(ParserPoolConfig(workers=4)) as parser: ...``; start it
     once and reuse it across rollouts (worker start costs tens of milliseconds, the arena
     a page fault per page). ``executor_factory`` replaces the default process executors.
     """
+
+    _resource_name = "parser pool"
 
     def __init__(
         self,
@@ -99,20 +102,18 @@ class ParserPool:
         self._executor_factory = executor_factory or process_executor_factory(
             self.config.start_method
         )
+        super().__init__()
         self.arena: Arena | None = None
         self._pool: WorkerPool | None = None
 
-    async def __aenter__(self) -> ParserPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     async def start(self) -> None:
-        """Create the arena and start the workers (off the event loop)."""
-        if self._pool is not None:
-            return
+        """Open the pool (as ``async with`` does) unless it is open: create the arena and
+        start the workers (off the event loop)."""
+        if self.state is ResourceState.NEW:
+            await self.__aenter__()
+        self._check_open()
+
+    async def _open(self) -> None:
         if self.config.arena is not None:
             self.arena = await Arena.create(self.config.arena)
         handle = self.arena.handle if self.arena is not None else None
@@ -124,17 +125,13 @@ class ParserPool:
             initargs_for=lambda i: (FIRST_WORKER_TAG + i, handle),
             on_crash=self._reclaim,
         )
-        try:
-            await self._pool.start()
-        except BaseException:
-            await self.aclose()
-            raise
+        await self._pool.start()  # a failed start closes what opened (AsyncResource)
 
     @property
     def pool(self) -> WorkerPool:
-        """The worker pool (started)."""
-        if self._pool is None:
-            raise MilesLiteError("ParserPool used before start(); use 'async with ParserPool(...)'")
+        """The worker pool; ClosedResourceError unless the parser pool is open."""
+        self._check_open()
+        assert self._pool is not None  # set whenever the pool is open
         return self._pool
 
     def measure(self) -> Any:
@@ -243,7 +240,7 @@ class ParserPool:
         if self.arena is not None:
             self.arena.reclaim(FIRST_WORKER_TAG + index)
 
-    async def aclose(self) -> None:
+    async def _close(self) -> None:
         """Stop the workers, then close the arena (tensors still held stay valid)."""
         if self._pool is not None:
             await self._pool.aclose()

@@ -21,7 +21,9 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from miles_lite.errors import ConfigError, MilesLiteError, RewardError, WorkerTimeoutError
+from miles_lite._core.resources import AsyncResource, ResourceState
+from miles_lite._core.validate import check_seconds
+from miles_lite.errors import MilesLiteError, RewardError, WorkerTimeoutError
 from miles_lite.pools.arena import Arena
 from miles_lite.pools.arena_pages import ArenaHandle, ArenaTensor
 from miles_lite.pools.worker_arena import WorkerArena
@@ -110,7 +112,7 @@ def _score(samples: list[Sample]) -> list[Any]:
     return list(_REWARD_FN(samples))
 
 
-class RewardPool:
+class RewardPool(AsyncResource):
     """``workers`` processes scoring with ``fn``; use as ``async with RewardPool(...)``.
 
     ``fn`` is pickled once (cloudpickle) and installed in every worker when it starts.
@@ -121,6 +123,8 @@ class RewardPool:
     its worker killed and replaced, and the call raises :class:`RewardError` naming the
     timeout, so a hung reward never hangs the rollout.
     """
+
+    _resource_name = "reward pool"
 
     def __init__(
         self,
@@ -133,8 +137,8 @@ class RewardPool:
         arena: Arena | None = None,
         timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
     ) -> None:
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ConfigError(f"RewardPool.timeout_s must be a finite number > 0, got {timeout_s}")
+        super().__init__()
+        check_seconds("RewardPool", "timeout_s", timeout_s)
         self.name = name
         self.fn = fn
         self.arena = arena
@@ -150,18 +154,20 @@ class RewardPool:
             initargs_for=lambda _i: (blob, handle),
         )
 
-    async def __aenter__(self) -> RewardPool:
-        await self._pool.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    def _describe(self) -> str:
+        return f"reward pool {self.name!r}"
 
     async def start(self) -> None:
-        """Start the workers (about 1 s each when the function imports torch)."""
+        """Open the pool (as ``async with`` does) unless it is open: start the workers
+        (about 1 s each when the function imports torch)."""
+        if self.state is ResourceState.NEW:
+            await self.__aenter__()
+        self._check_open()
+
+    async def _open(self) -> None:
         await self._pool.start()
 
-    async def aclose(self) -> None:
+    async def _close(self) -> None:
         """Stop the workers."""
         await self._pool.aclose()
 

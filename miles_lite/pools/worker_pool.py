@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 import anyio
 
+from miles_lite._core.resources import AsyncResource, ResourceState
 from miles_lite.errors import (
-    ClosedResourceError,
     ConfigError,
     MilesLiteError,
     WorkerCrashedError,
@@ -46,6 +46,7 @@ __all__ = [
     "PoolWindow",
     "PoolWindows",
     "WorkerPool",
+    "WorkerPoolStatistics",
     "process_executor_factory",
 ]
 
@@ -244,7 +245,16 @@ def _portable(fn: Callable[..., T]) -> tuple[Callable[..., Any], tuple[Any, ...]
     return fn, ()
 
 
-class WorkerPool:
+@dataclass(frozen=True, slots=True)
+class WorkerPoolStatistics:
+    """A worker pool now: calls ``in_flight`` per worker, and ``crashes``: workers replaced
+    (died, or killed past a call's timeout) since the pool started."""
+
+    in_flight: tuple[int, ...]
+    crashes: int
+
+
+class WorkerPool(AsyncResource):
     """``workers`` single-process executors; a call goes to the least loaded worker
     (ties in round-robin order), so a long call (a generation fetched in a worker) never
     queues new work behind it while another worker idles.
@@ -255,8 +265,11 @@ class WorkerPool:
     ``nice`` (default +10) so that, when cores are short, the event loop's process runs
     first; they get every idle core all the same.
 
-    Use as ``async with WorkerPool(...) as pool: await pool.run(fn, *args)``.
+    Use as ``async with WorkerPool(...) as pool: await pool.run(fn, *args)`` (or
+    :meth:`start` and :meth:`aclose`).
     """
+
+    _resource_name = "worker pool"
 
     def __init__(
         self,
@@ -269,6 +282,7 @@ class WorkerPool:
         on_crash: Callable[[int], None] | None = None,
         nice: int = 10,
     ) -> None:
+        super().__init__()
         if workers < 1:
             raise ConfigError(f"WorkerPool({name!r}): workers must be >= 1, got {workers}")
         self.name = name
@@ -287,34 +301,35 @@ class WorkerPool:
         self._generation = [0] * workers
         self._next = 0
         self._windows = PoolWindows()
-        self._started = False
-        self._closed = False
         self._cold: set[int] = set()
         # Replaced executors are kept until aclose drops them in a thread: dropping one
         # runs multiprocessing finalizers that write to the resource tracker (blocking).
         self._retired: list[Executor] = []
-        self.crashes = 0
+        self._crashes = 0
 
-    async def __aenter__(self) -> WorkerPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    def _describe(self) -> str:
+        return f"pool {self.name!r}"
 
     async def start(self) -> None:
-        """Start every worker and wait until each has run its initializer.
+        """Open the pool (as ``async with`` does) unless it is open: start every worker
+        and wait until each has run its initializer.
 
         Worker start is slow (about 1 s for one that imports torch): start pools once and
-        reuse them across rollouts. Runs off the event loop.
+        reuse them across rollouts. Runs off the event loop. Raises ClosedResourceError
+        after :meth:`aclose`.
         """
-        if self._closed:
-            raise ClosedResourceError(f"pool {self.name!r} is closed")
-        if self._started:
-            return
+        if self.state is ResourceState.NEW:
+            await self.__aenter__()
+        self._check_open()
+
+    async def _open(self) -> None:
         self._executors = [self._make(i) for i in range(self.workers)]
-        self._started = True
         await anyio.to_thread.run_sync(self._wait_started)
+
+    def statistics(self) -> WorkerPoolStatistics:
+        """A snapshot: calls in flight per worker, and workers replaced after a crash or
+        a timeout since the pool started."""
+        return WorkerPoolStatistics(in_flight=tuple(self._in_flight), crashes=self._crashes)
 
     def _wait_started(self, indices: list[int] | None = None) -> None:
         chosen = [
@@ -330,11 +345,6 @@ class WorkerPool:
             functools.partial(_init_worker, self._initializer, self._nice, os.getpid(), index),
             self._initargs_for(index),
         )
-
-    @property
-    def in_flight(self) -> list[int]:
-        """Calls in flight per worker now."""
-        return list(self._in_flight)
 
     def measure(self) -> AbstractContextManager[PoolWindow]:
         """Collect statistics of the calls dispatched inside the block."""
@@ -380,10 +390,7 @@ class WorkerPool:
         thread) with its result, or None if it failed or never ran, to release what the
         call holds.
         """
-        if self._closed:
-            raise ClosedResourceError(f"pool {self.name!r} is closed")
-        if not self._started:
-            await self.start()
+        self._check_open()
         name = getattr(fn, "__name__", repr(fn))
         if index in self._cold:
             # A replacement after a crash: start it off the loop before using it.
@@ -470,25 +477,22 @@ class WorkerPool:
             _deliver_late(after_cancel, future)
 
     def _replace(self, index: int, broken: Executor) -> None:
-        if self._closed or self._executors[index] is not broken:
+        if self.closed or self._executors[index] is not broken:
             return  # already replaced by another call that saw the same crash
         broken.shutdown(wait=False, cancel_futures=True)
         with self._count_lock:
             # Calls still counted on the dead worker never end there: start afresh.
             self._generation[index] += 1
             self._in_flight[index] = 0
-        self.crashes += 1
+        self._crashes += 1
         self._windows.crashed()
         if self._on_crash is not None:
             self._on_crash(index)
         self._executors[index] = self._make(index)
         self._cold.add(index)
 
-    async def aclose(self) -> None:
-        """Stop every worker: wait up to 10 s for running calls, then kill. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+    async def _close(self) -> None:
+        """Stop every worker: wait up to 10 s for running calls, then kill."""
         executors, self._executors = self._executors + self._retired, []
         self._retired = []
         with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_GRACE_S):

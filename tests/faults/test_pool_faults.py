@@ -52,10 +52,10 @@ async def test_a_cancelled_call_still_counts_until_it_ends() -> None:
     async with WorkerPool("t", workers=2) as pool:
         with anyio.move_on_after(0.1):
             await pool.run_on(0, work.slow, 0.8, 0)
-        assert pool.in_flight == [1, 0]  # still running in worker 0
+        assert pool.statistics().in_flight == (1, 0)  # still running in worker 0
         assert pool.pick() == 1
         await anyio.sleep(1.0)
-        assert pool.in_flight == [0, 0]
+        assert pool.statistics().in_flight == (0, 0)
 
 
 async def test_a_replacement_dying_while_starting_is_typed_and_the_pool_recovers(
@@ -72,7 +72,7 @@ async def test_a_replacement_dying_while_starting_is_typed_and_the_pool_recovers
             await pool.run(work.pid)
         await anyio.Path(marker).unlink()
         assert await pool.run(work.slow, 0, 7) == 7
-        assert pool.in_flight == [0]
+        assert pool.statistics().in_flight == (0,)
 
 
 def _init_die_if(index: int, marker: str) -> None:

@@ -26,7 +26,7 @@ def memfds() -> int:
 
 
 async def test_held_tensor_is_never_overwritten_and_released_space_is_reused() -> None:
-    async with await Arena.create(ArenaConfig(size_bytes=8 * PAGE, page_bytes=PAGE)) as arena:
+    async with Arena(ArenaConfig(size_bytes=8 * PAGE, page_bytes=PAGE)) as arena:
         lease = await arena.lease(3 * PAGE)
         held = torch.frombuffer(lease.array, dtype=torch.float32)
         held.fill_(7.0)
@@ -48,7 +48,7 @@ async def test_held_tensor_is_never_overwritten_and_released_space_is_reused() -
 
 
 async def test_full_arena_applies_backpressure_until_space_is_released() -> None:
-    async with await Arena.create(ArenaConfig(size_bytes=2 * PAGE, page_bytes=PAGE)) as arena:
+    async with Arena(ArenaConfig(size_bytes=2 * PAGE, page_bytes=PAGE)) as arena:
         holder = [await arena.lease(2 * PAGE)]
         got: list[int] = []
 
@@ -68,7 +68,7 @@ async def test_full_arena_applies_backpressure_until_space_is_released() -> None
 
 async def test_allocation_times_out_with_a_clear_error() -> None:
     cfg = ArenaConfig(size_bytes=PAGE, page_bytes=PAGE, wait_s=0.05)
-    async with await Arena.create(cfg) as arena:
+    async with Arena(cfg) as arena:
         held = await arena.lease(PAGE)
         with pytest.raises(ArenaFullError, match="no 1 bytes free"):
             await arena.lease(1)
@@ -79,7 +79,7 @@ async def test_allocation_times_out_with_a_clear_error() -> None:
 
 
 async def test_worker_side_allocation_is_adopted_shrunk_and_reclaimed() -> None:
-    async with await Arena.create(ArenaConfig(size_bytes=8 * PAGE, page_bytes=PAGE)) as arena:
+    async with Arena(ArenaConfig(size_bytes=8 * PAGE, page_bytes=PAGE)) as arena:
         worker = WorkerArena(arena.handle, tag=5)
         alloc = worker.alloc(4 * PAGE, timeout_s=1)
         worker.view(alloc)[:4] = b"abcd"

@@ -52,7 +52,7 @@ async def test_a_dead_worker_is_reported_and_replaced() -> None:
         first = await pool.run_on(0, work.pid)
         with pytest.raises(WorkerCrashedError, match="worker 0"):
             await pool.run_on(0, work.die)
-        assert crashed == [0] and pool.crashes == 1
+        assert crashed == [0] and pool.statistics().crashes == 1
         replacement = await pool.run_on(0, work.pid)
         assert replacement != first
         with pytest.raises(ProcessLookupError):
