@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import anyio
 import pytest
 
 from miles_lite import AgentGenerate, GenerateError, SampleStatus, TextRollout, TextSamplingParams
@@ -195,3 +196,41 @@ async def test_open_starts_a_session_server_for_an_agentic_generate_function(
     for sample in result.samples:
         sample.validate()
         assert sample.response_length > 0 and sample.loss_mask == [1] * sample.response_length
+
+
+async def test_two_runs_at_once_on_one_rollout_stop_only_their_own_requests(
+    text_rollout: OpenRollout,
+) -> None:
+    # Per-run state: run A stops early (its target is kept) while run B still generates.
+    # A's stop aborts A's requests, each at its engine, and not everything (B would lose
+    # its work); B then ends as if alone.
+    slow = TextStandInConfig(
+        token_latency_s=0.005, policy=TextPolicy(rules=RULES, default_length=400)
+    )
+    async with text_rollout(
+        engine_config=slow,
+        max_new_tokens=200,
+        n_samples_per_prompt=1,
+        rollout_batch_size=1,
+        over_sampling_batch_size=3,
+    ) as (rollout, (engine,)):
+        results: dict[str, Any] = {}
+
+        async def run(name: str, prompts: list[str]) -> None:
+            results[name] = await rollout.run(prompts)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "b", ["slow one"])
+            await anyio.sleep(0.05)  # B's request is at the engine
+            tg.start_soon(run, "a", ["What is 2+3?", "slow two", "slow three"])
+    a, b = results["a"], results["b"]
+    assert a.rollout_id != b.rollout_id
+    assert [g[0].prompt for g in a.groups] == ["What is 2+3?"]
+    a_aborted = {s.request_id for g in a.partial for s in g}
+    assert all(s.status is SampleStatus.ABORTED for g in a.partial for s in g)
+    # Only A's rids were aborted while B ran: no abort_all, no rid of B.
+    assert engine.stats.aborts and not any(body.get("abort_all") for body in engine.stats.aborts)
+    assert {body["rid"] for body in engine.stats.aborts} <= a_aborted
+    (b_sample,) = b.samples
+    assert b_sample.status is SampleStatus.TRUNCATED and b_sample.response_length == 200
+    assert b_sample.request_id not in a_aborted
