@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from miles_lite.text.tool_calls import (
+    MAX_CALLS,
     TOOL_CALL_PARSERS,
     ToolCall,
     ToolCallError,
@@ -49,3 +52,24 @@ def test_malformed_calls_say_what_is_wrong() -> None:
 def test_the_flag_names_resolve_to_parsers() -> None:
     assert {"qwen", "qwen25", "hermes"} <= set(TOOL_CALL_PARSERS)
     assert all(callable(p) for p in TOOL_CALL_PARSERS.values())
+
+
+def test_a_degenerate_turn_is_parsed_in_linear_time() -> None:
+    # A policy stuck repeating an unclosed call (~16k tokens of it): the old lazy regex
+    # took minutes on the event loop (1.4 s at 1k repeats, 64 s at 8k). Counted in CPU
+    # time of this thread, so another process's load does not count.
+    degenerate = "<tool_call> {" * 8000
+    start = time.thread_time()
+    assert parse_qwen_tool_calls(degenerate) == []
+    closed_once = degenerate + '</tool_call><tool_call>{"name": "f"}</tool_call>'
+    first, second = parse_qwen_tool_calls(closed_once)
+    assert time.thread_time() - start < 0.05
+    assert isinstance(first, ToolCallError) and second == ToolCall("f", {})
+
+
+def test_nesting_too_deep_and_too_many_calls_are_told_not_raised() -> None:
+    (deep,) = parse_qwen_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>")
+    assert isinstance(deep, ToolCallError) and "nested too deeply" in deep.reason
+    many = parse_qwen_tool_calls('<tool_call>{"name": "f"}</tool_call>' * (MAX_CALLS + 5))
+    assert len(many) == MAX_CALLS + 1 and isinstance(many[-1], ToolCallError)
+    assert all(call == ToolCall("f", {}) for call in many[:MAX_CALLS])
