@@ -238,12 +238,41 @@ def test_env_tokens_get_mask_zero_and_log_prob_zero() -> None:
             {"tokens": [1, 2], "response_length": 2, "rollout_log_probs": [0.0]},
             "rollout_log_probs has 1",
         ),
+        # Values, not only lengths: what a sample holds is training data.
+        ({"tokens": [1, 2.0], "response_length": 1}, "tokens[1] is 2.0"),
+        ({"tokens": [1, -4], "response_length": 1}, "tokens[1] is -4"),
+        ({"tokens": [1, 2], "response_length": 1, "loss_mask": [2]}, "loss_mask holds [2]"),
+        (
+            {"tokens": [1, 2], "response_length": 1, "rollout_log_probs": [float("nan")]},
+            "rollout_log_probs[0] is nan",
+        ),
+        (
+            {"tokens": [1, 2], "response_length": 1, "rollout_log_probs": [0.25]},
+            "rollout_log_probs[0] is 0.25",
+        ),
+        (
+            {
+                "tokens": [1, 2, 3],
+                "response_length": 2,
+                "loss_mask": [1, 0],
+                "rollout_log_probs": [-0.5, -0.5],
+            },
+            "not 0.0 where loss_mask is 0",
+        ),
+        (
+            {"tokens": [1, 2], "response_length": 1, "weight_spans": [WeightSpan("v", 0, 2)]},
+            "outside the response",
+        ),
     ],
 )
 def test_invariant_violations_are_typed_and_named(fields: dict[str, Any], problem: str) -> None:
     sample = Sample(index=4, request_id="rid-x", **fields)
     with pytest.raises(SampleInvariantError, match="sample 4") as info:
         sample.validate()
+    vocab = Sample(tokens=[1, 200], response_length=1)
+    vocab.validate()
+    with pytest.raises(SampleInvariantError, match=r"tokens\[1\] is 200"):
+        vocab.validate(vocab_size=100)
     assert problem in str(info.value) and info.value.request_id == "rid-x"
     with pytest.raises(SampleInvariantError):
         sample.validate()

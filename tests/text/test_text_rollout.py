@@ -234,3 +234,48 @@ async def test_two_runs_at_once_on_one_rollout_stop_only_their_own_requests(
     (b_sample,) = b.samples
     assert b_sample.status is SampleStatus.TRUNCATED and b_sample.response_length == 200
     assert b_sample.request_id not in a_aborted
+
+
+async def test_a_bad_answer_fails_its_sample_before_anything_of_it_is_kept(
+    tokenizer: Any, captures: Any
+) -> None:
+    # A misbehaving engine: a None log-prob (once read as 0.0, probability 1), then a
+    # cached_tokens that is not a count (once failing the sample after its output was
+    # appended). Neither becomes training data; the sample holds only its prompt.
+    import json
+
+    from miles_lite import TextRolloutConfig
+    from miles_lite.engine.config import EngineConfig, RouterConfig
+    from miles_lite.errors import EngineProtocolError
+    from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
+
+    good = json.loads((captures / "gen_stop.json").read_text())
+    del good["meta_info"]["id"]  # a canned answer cannot echo each request's rid
+    none_log_prob = json.loads(json.dumps(good))
+    none_log_prob["meta_info"]["output_token_logprobs"][1][0] = None
+    bad_count = json.loads(json.dumps(good))
+    bad_count["meta_info"]["cached_tokens"] = "1"
+    engine = ScriptedEngine()
+    runner = await start_engine(engine)
+    try:
+        for body in (none_log_prob, bad_count):
+            engine.script("/generate", Reply(200, json.dumps(body).encode(), "application/json"))
+        config = TextRolloutConfig(
+            n_samples_per_prompt=1,
+            sampling=TextSamplingParams(max_new_tokens=3),
+            engines=EngineConfig(router=RouterConfig(max_inflight_per_engine=1)),
+        )
+        async with TextRollout.open([engine.url], tokenizer=tokenizer, config=config) as rollout:
+            result = await rollout.run(["What is 2+3?", "And 3+4?"])
+    finally:
+        await runner.cleanup()
+    prompt_ids = [
+        tokenizer.encode(p, add_special_tokens=False) for p in ("What is 2+3?", "And 3+4?")
+    ]
+    for sample, field, ids in zip(
+        result.samples, ("log-prob is None", "cached_tokens"), prompt_ids, strict=True
+    ):
+        assert sample.status is SampleStatus.FAILED
+        assert isinstance(sample.error, EngineProtocolError) and field in str(sample.error)
+        assert sample.error.url == engine.url and sample.error.request_id
+        assert (sample.tokens, sample.response_length, sample.loss_mask) == (ids, 0, None)
