@@ -18,7 +18,7 @@ Runs in a worker thread when it decodes (``decode`` may call a tokenizer).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -31,6 +31,7 @@ __all__ = [
     "Assembly",
     "AssemblyMode",
     "assemble_samples",
+    "full_prompts",
     "merge_turns",
     "status_of",
     "truncate_turns",
@@ -67,17 +68,27 @@ def _no_decode(ids: list[int]) -> str:
     return ""
 
 
+def full_prompts(records: Iterable[TurnRecord]) -> Iterator[list[int]]:
+    """Each record's whole prompt, rebuilt from the session's trajectory (records keep
+    only what a turn added: see :class:`~miles_lite.sglang.chat_wire.TurnRecord`)."""
+    trajectory: list[int] = []
+    for record in records:
+        prompt = [*trajectory[: record.prefix_len], *record.prompt_ids]
+        yield prompt
+        trajectory = [*prompt, *record.output_ids]
+
+
 def turn_samples(
     records: Sequence[TurnRecord], template: Sample, *, decode: Decode | None = None
 ) -> list[Sample]:
     """One sample per recorded turn, each a copy of ``template`` (index, prompt, label,
-    metadata) with the turn's tokens, loss mask 1 on its output and the engine's
-    log-probs. ``decode`` makes ``response`` (default: empty)."""
+    metadata) with the turn's whole prompt and output, loss mask 1 on its output and the
+    engine's log-probs. ``decode`` makes ``response`` (default: empty)."""
     decode = decode or _no_decode
     out = []
-    for record in records:
+    for record, prompt in zip(records, full_prompts(records), strict=True):
         sample = _blank(template)
-        sample.tokens = [*record.prompt_ids, *record.output_ids]
+        sample.tokens = [*prompt, *record.output_ids]
         sample.response = decode(list(record.output_ids))
         sample.response_length = len(record.output_ids)
         sample.loss_mask = [1] * len(record.output_ids)
@@ -128,10 +139,12 @@ def merge_turns(
 
 
 class _Turn(NamedTuple):
-    """What merging reads of one turn: ``seq[:prompt_len]`` is its prompt."""
+    """What merging reads of one turn: how it extends the tokens so far (``extends``:
+    the trailing tokens to trim, None when it does not extend them; ``between``: its
+    prompt's tokens after them), and its own parts."""
 
-    seq: list[int]
-    prompt_len: int
+    extends: Callable[[list[int], int], int | None]
+    between: Callable[[list[int]], list[int]]
     output: list[int]
     loss_mask: list[int]
     log_probs: list[float]
@@ -144,9 +157,10 @@ class _Turn(NamedTuple):
 
 def _parts_of_sample(turn: Sample) -> _Turn:
     prompt_len = len(turn.tokens) - turn.response_length
+    seq = turn.tokens
     return _Turn(
-        turn.tokens,
-        prompt_len,
+        lambda so_far, max_trim: _extension_trim(so_far, seq, prompt_len, max_trim),
+        lambda so_far: seq[len(so_far) : prompt_len],
         turn.tokens[prompt_len:],
         turn.loss_mask or [],
         _floats(turn.rollout_log_probs),
@@ -159,10 +173,17 @@ def _parts_of_sample(turn: Sample) -> _Turn:
 
 
 def _parts_of_record(record: TurnRecord, template: Sample, decode: Decode) -> _Turn:
-    """A record read in place: no per-turn copy of its prompt (the whole history)."""
+    """A record read in place. The session server said how its prompt extends the
+    trajectory (``prefix_len``): merging costs the turn's own tokens, no compare."""
+
+    def extends(so_far: list[int], max_trim: int) -> int | None:
+        # The server bounded the trim when it recorded the turn (max_trim_tokens of its
+        # config); a record that does not extend holds its whole prompt.
+        return len(so_far) - record.prefix_len if record.prefix_len else None
+
     return _Turn(
-        record.prompt_ids,
-        len(record.prompt_ids),
+        extends,
+        lambda so_far: record.prompt_ids,
         record.output_ids,
         [1] * len(record.output_ids),
         record.output_log_probs,
@@ -185,9 +206,7 @@ def _merge(turns: Iterable[_Turn], max_trim_tokens: int, decode: Decode) -> Asse
             continue
         if current.status is not SampleStatus.COMPLETED:
             break
-        trim = _extension_trim(
-            current.tokens, turn.seq, turn.prompt_len, min(max_trim_tokens, last_output)
-        )
+        trim = turn.extends(current.tokens, min(max_trim_tokens, last_output))
         if trim is None:
             mismatches += 1
             merged.append(current)
@@ -202,7 +221,7 @@ def _merge(turns: Iterable[_Turn], max_trim_tokens: int, decode: Decode) -> Asse
             current.response_length -= trim
             _clip_spans(current)
             trimmed += trim
-        between = turn.seq[len(current.tokens) : turn.prompt_len]
+        between = turn.between(current.tokens)
         offset = current.response_length + len(between)
         current.weight_spans += [
             WeightSpan(w.version, w.start + offset, w.end + offset) for w in turn.weight_spans
@@ -232,10 +251,13 @@ def assemble_samples(
     max_trim_tokens: int = 1,
     decode: Decode | None = None,
 ) -> Assembly:
-    """Compute, truncate and (``merged``) merge the samples of a session's ``records``.
+    """Compute, truncate and (``merged``) merge the samples of a session's ``records``
+    (all of them, in order: each holds only what its turn added).
 
-    Raises ``ConfigError`` for an unknown ``mode`` or a bad ``max_seq_len`` /
-    ``max_trim_tokens``.
+    A turn whose prompt does not extend the trajectory (``prefix_len`` 0 after the first)
+    starts a new sample and counts as a mismatch. ``max_trim_tokens`` applies where turns
+    are compared (``max_seq_len`` set); records already say how they extend. Raises
+    ``ConfigError`` for an unknown ``mode`` or a bad ``max_seq_len`` / ``max_trim_tokens``.
     """
     if mode not in ("merged", "per_turn"):
         raise ConfigError(f"mode must be 'merged' or 'per_turn', got {mode!r}")

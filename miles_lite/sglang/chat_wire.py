@@ -18,12 +18,16 @@ __all__ = ["TurnRecord", "record_from_choice"]
 class TurnRecord:
     """One recorded chat turn of a session.
 
-    ``prompt_ids`` is the templated prompt the engine tokenized, ``output_ids`` /
-    ``output_log_probs`` what it generated (one log-prob per id), ``finish_reason`` the
-    OpenAI string (``stop``, ``tool_calls``, ``length``, ``abort``). ``request`` is the
-    body forwarded to the engine without ``messages`` / ``tools`` (their counts instead)
-    and ``response`` the engine's answer without per-token lists, kept for debugging
-    (``GET /sessions/<id>``).
+    ``prompt_ids`` is the prompt the engine ran, after its first ``prefix_len`` tokens:
+    those are the session's trajectory before this turn (the previous turn's prompt and
+    output, less a trimmed trailing token or two), so a session keeps each turn's new
+    tokens only, not its whole history again; ``prefix_len`` 0: ``prompt_ids`` is the
+    whole prompt (the first turn, or one that rewrote the history).
+    ``output_ids`` / ``output_log_probs`` are what it generated (one log-prob per id),
+    ``finish_reason`` the OpenAI string (``stop``, ``tool_calls``, ``length``, ``abort``).
+    ``request`` is the body forwarded to the engine without ``messages`` / ``tools`` /
+    ``input_ids`` (their counts instead) and ``response`` the engine's answer without
+    per-token lists, kept for debugging (``GET /sessions/<id>``).
     """
 
     rid: str
@@ -34,6 +38,7 @@ class TurnRecord:
     finish_reason: str
     weight_version: str | None = None
     weight_spans: tuple[WeightSpan, ...] = ()
+    prefix_len: int = 0
     request: dict[str, Any] = field(default_factory=dict)
     response: dict[str, Any] = field(default_factory=dict)
 
@@ -42,6 +47,7 @@ class TurnRecord:
         return {
             "rid": self.rid,
             "engine_url": self.engine_url,
+            "prefix_len": self.prefix_len,
             "prompt_token_ids": self.prompt_ids,
             "output_token_ids": self.output_ids,
             "output_log_probs": self.output_log_probs,
@@ -132,10 +138,12 @@ def record_from_choice(
 def _slim_request(request: dict[str, Any]) -> dict[str, Any]:
     """The request without its history: every turn resends the whole conversation, so
     keeping it would make a session's records grow with the square of its turns."""
-    slim = {k: v for k, v in request.items() if k not in ("messages", "tools")}
+    slim = {k: v for k, v in request.items() if k not in ("messages", "tools", "input_ids")}
     messages = request.get("messages")
     slim["num_messages"] = len(messages) if isinstance(messages, list) else 0
     slim["num_tools"] = len(request.get("tools") or [])
+    if "input_ids" in request:
+        slim["num_input_ids"] = len(request["input_ids"])
     return slim
 
 

@@ -20,13 +20,13 @@ from typing import Any
 import anyio
 
 from miles_lite._core.validate import check_int, check_seconds
-from miles_lite.errors import ConfigError, GenerateError, ToolError
+from miles_lite.errors import ConfigError, ToolError
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.sglang.generate_wire import build_generate_payload
 from miles_lite.text.context import TextContext
 from miles_lite.text.request import append_env_tokens, apply_answer, post_generate
 from miles_lite.text.single_turn import max_new_tokens_of, no_room_reason
-from miles_lite.text.tokenize import encode, render
+from miles_lite.text.tokenize import encode, render, text_after_turn
 from miles_lite.text.tool_calls import TOOL_CALL_PARSERS, ToolCall, ToolCallError, ToolCallParser
 from miles_lite.types import PrefixCacheInfo, Sample, SampleStatus
 
@@ -131,8 +131,8 @@ class MultiTurn:
             span.non_generation_time_s += tool_time
             sample.non_generation_time += tool_time
             messages.extend(results)
-            ends_with_eot = bool(answer.ids) and answer.ids[-1] == _token_id(ctx, eot)
-            env_text = await _env_text(ctx, results, ends_with_eot, eot)
+            ended = bool(answer.ids) and answer.ids[-1] == _token_id(ctx, eot)
+            env_text = await text_after_turn(ctx, results, end_of_turn=eot, turn_ended=ended)
             append_env_tokens(sample, await encode(ctx, env_text), env_text)
             sample.turns += 1
         else:
@@ -175,30 +175,6 @@ def _reset(sample: Sample) -> None:
     sample.prefix_cache_info = PrefixCacheInfo()
     sample.status = SampleStatus.PENDING
     sample.status_reason = None
-
-
-async def _env_text(
-    ctx: TextContext, tool_messages: list[dict[str, Any]], ends_with_eot: bool, eot: str
-) -> str:
-    """The text the chat template puts after the model's output for ``tool_messages``.
-
-    Rendered after a stand-in exchange rather than the real history, so a template that
-    rewrites earlier turns (Qwen3 drops earlier ``<think>`` blocks) cannot shift it; the
-    model's own tokens are never re-tokenized. When the model stopped at its
-    end-of-turn token, that token is its own; otherwise the template's is glue.
-    """
-    anchor = "\u2063"  # an invisible separator no template adds by itself
-    stand_in = [{"role": "user", "content": "."}, {"role": "assistant", "content": anchor}]
-    full = await render(ctx, [*stand_in, *tool_messages])
-    at = full.rfind(anchor)
-    if at < 0:
-        raise GenerateError(
-            "the chat template dropped the assistant message; cannot place tool turns"
-        )
-    env = full[at + len(anchor) :]
-    if ends_with_eot and eot and env.startswith(eot):
-        env = env[len(eot) :]
-    return env
 
 
 def _strip(text: str, eot: str) -> str:

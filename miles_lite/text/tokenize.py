@@ -12,7 +12,14 @@ from miles_lite.errors import GenerateError
 from miles_lite.text.context import TextContext
 from miles_lite.types import Sample
 
-__all__ = ["encode", "image_data_urls", "prompt_ids", "render", "sample_prompt_ids"]
+__all__ = [
+    "encode",
+    "image_data_urls",
+    "prompt_ids",
+    "render",
+    "sample_prompt_ids",
+    "text_after_turn",
+]
 
 
 async def render(
@@ -21,9 +28,10 @@ async def render(
     tools: Sequence[Any] | None = None,
     *,
     generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """``messages`` through the tokenizer's chat template, as text (with the generation
-    prompt and ``tools``). Off the loop."""
+    prompt, ``tools`` and ``template_kwargs`` such as ``enable_thinking``). Off the loop."""
     tokenizer = ctx.tokenizer
     text = await ctx.off_loop(
         lambda: tokenizer.apply_chat_template(
@@ -31,9 +39,47 @@ async def render(
             tools=list(tools) if tools else None,
             add_generation_prompt=generation_prompt,
             tokenize=False,
+            **(template_kwargs or {}),
         )
     )
     return str(text)
+
+
+#: An invisible separator no template adds by itself: where a stand-in turn ends.
+_ANCHOR = "\u2063"
+
+
+async def text_after_turn(
+    ctx: TextContext,
+    messages: Sequence[dict[str, Any]],
+    *,
+    end_of_turn: str,
+    turn_ended: bool,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The text the chat template puts after a model turn for the ``messages`` that follow
+    it (tool results, user turns) and the next generation prompt: what token in (TITO)
+    appends to the trajectory, so that the model's own tokens are never re-tokenized.
+
+    Rendered after a stand-in exchange, not the real history, so a template that rewrites
+    earlier turns (Qwen3 drops their ``<think>`` blocks) cannot shift it. When the model's
+    turn ended with its ``end_of_turn`` token (``turn_ended``), that token is its own and
+    left out; otherwise the template's is glue. Exact for templates that render a
+    message from itself and its neighbour's role (Qwen2/2.5/3, Llama 3, ...: see
+    :func:`~miles_lite.agentic.template_check.check_append_only`). Raises GenerateError
+    when the template drops the stand-in turn.
+    """
+    stand_in = [{"role": "user", "content": "."}, {"role": "assistant", "content": _ANCHOR}]
+    full = await render(ctx, [*stand_in, *messages], template_kwargs=template_kwargs)
+    at = full.rfind(_ANCHOR)
+    if at < 0:
+        raise GenerateError(
+            "the chat template dropped the assistant message; cannot place the turns after it"
+        )
+    text = full[at + len(_ANCHOR) :]
+    if turn_ended and end_of_turn and text.startswith(end_of_turn):
+        text = text[len(end_of_turn) :]
+    return text
 
 
 async def encode(ctx: TextContext, text: str) -> list[int]:

@@ -98,7 +98,7 @@ def parse_qwen_tool_calls(text: str) -> list[ToolCall | ToolCallError]:
 
 def _bodies(text: str) -> list[str]:
     """The stripped text between each ``<tool_call>`` and the next ``</tool_call>``."""
-    bodies = []
+    bodies: list[str] = []
     at = 0
     while True:
         start = text.find(_OPEN, at)
