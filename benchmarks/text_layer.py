@@ -321,6 +321,7 @@ async def run_chat(
 ) -> ChatRun:
     from miles_lite.agentic.assembly import assemble_samples
     from miles_lite.agentic.server import SessionServer
+    from miles_lite.text.context import TextContext
 
     async def direct() -> tuple[str, str]:
         return f"{url}/v1", "none"
@@ -349,9 +350,9 @@ async def run_chat(
         EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as engine_client,
         Router([url], engine_client, router_config) as router,
     ):
-        sampling = TextSamplingParams(max_new_tokens=max_tokens)
+        context = TextContext(tokenizer, router, TextSamplingParams(max_new_tokens=max_tokens))
         run = RunContext(0)
-        async with SessionServer(router, sampling) as server:
+        async with SessionServer(context) as server:
             ids: dict[str, str] = {}
 
             async def open_one() -> tuple[str, str]:

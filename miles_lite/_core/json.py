@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "loads_strict"]
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
@@ -37,3 +37,12 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
             return json.loads(bytes(data))
     except RecursionError:
         raise ValueError("JSON nested too deeply to parse") from None
+
+
+def loads_strict(data: bytes | bytearray | memoryview) -> Any:
+    """Parse JSON as the standard says: no NaN/Infinity literals; ``ValueError`` when it is
+    not JSON or nests too deeply. For bodies from clients (an agent's request)."""
+    try:
+        return _DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ValueError(str(exc) or "JSON nested too deeply to parse") from None

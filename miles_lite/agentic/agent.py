@@ -69,8 +69,9 @@ class AgentGenerate:
     by default the ``abort`` attribute of ``run_agent``'s module, called once on early
     stop with an :class:`AbortContext`, bounded by ``abort_timeout_s``. ``mode``:
     ``"merged"`` (one sample per trajectory, miles' default) or ``"per_turn"``;
-    ``max_seq_len`` (default: the rollout's ``max_context_len``) truncates by whole turns;
-    ``max_trim_tokens`` bounds re-rendered trailing stop tokens.
+    ``max_seq_len`` (default: the rollout's ``max_context_len``) truncates by whole turns.
+    Trailing stop tokens a template re-renders are bounded by the session server's
+    ``max_trim_tokens`` (:class:`SessionServerConfig`).
 
     Raises ``ConfigError`` on a bad option, or when called before it is bound to a
     rollout's context (open the rollout with it: ``TextRollout.open(...,
@@ -85,14 +86,12 @@ class AgentGenerate:
         abort_hook: Callable[[AbortContext], Any] | None = None,
         mode: AssemblyMode = "merged",
         max_seq_len: int | None = None,
-        max_trim_tokens: int = 1,
         abort_timeout_s: float = 10.0,
     ) -> None:
         if not callable(run_agent):
             raise ConfigError(f"AgentGenerate.run_agent must be callable, got {run_agent!r}")
         check_choice("AgentGenerate", "mode", mode, ("merged", "per_turn"))
         check_int("AgentGenerate", "max_seq_len", max_seq_len, optional=True)
-        check_int("AgentGenerate", "max_trim_tokens", max_trim_tokens, minimum=0)
         check_seconds("AgentGenerate", "abort_timeout_s", abort_timeout_s)
         if sessions is not None and not isinstance(sessions, SessionServerConfig | SessionServer):
             raise ConfigError(
@@ -106,7 +105,6 @@ class AgentGenerate:
         self._abort_hook = abort_hook if abort_hook is not None else _module_abort(run_agent)
         self._mode: AssemblyMode = mode
         self._max_seq_len = max_seq_len
-        self._max_trim_tokens = max_trim_tokens
         self._abort_timeout_s = abort_timeout_s
         # Each run's sessions still open, or closed since its stop began: for its abort hook.
         self._runs: weakref.WeakKeyDictionary[RunContext, dict[str, None]] = (
@@ -132,7 +130,7 @@ class AgentGenerate:
         if isinstance(self._sessions, SessionServer):
             yield
             return
-        async with SessionServer(context.router, context.sampling, self._sessions) as server:
+        async with SessionServer(context, self._sessions) as server:
             self._server = server
             try:
                 yield
@@ -187,7 +185,7 @@ class AgentGenerate:
                 sample,
                 mode=self._mode,
                 max_seq_len=max_seq_len,
-                max_trim_tokens=self._max_trim_tokens,
+                max_trim_tokens=server.config.max_trim_tokens,
                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             )
         )

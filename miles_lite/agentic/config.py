@@ -4,48 +4,82 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from miles_lite._core.validate import check_int, check_seconds, check_type
 from miles_lite.errors import ConfigError
 
-__all__ = ["Session", "SessionServerConfig", "SessionServerStatistics"]
+__all__ = ["LOOPBACK_HOSTS", "Session", "SessionServerConfig", "SessionServerStatistics"]
+
+#: Hosts that only this machine reaches.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 @dataclass(frozen=True, kw_only=True)
 class SessionServerConfig:
-    """How the session server listens and forwards. Sizes in bytes, times in seconds.
+    """How the session server listens, forwards and guards itself. Sizes in bytes, times
+    in seconds.
 
-    ``port=0`` takes a free port. ``max_body_bytes`` bounds an agent's request body (413
-    beyond). ``engine_timeout_s`` bounds one forwarded chat request (``None``: the engine
-    client's own total timeout). ``abort_timeout_s`` bounds the abort of a rid whose agent
-    went away. ``model`` is what ``/v1/models`` lists.
+    - ``host``/``port``: where it listens (``port=0``: a free one). On loopback (the
+      default) it refuses requests whose ``Host`` is not loopback (a web page's DNS
+      rebinding); bound elsewhere, sessions are reached only with their API key
+      (``Authorization: Bearer``), never by URL, and the server says so when it starts.
+    - ``max_body_bytes``: an agent's request body at most (413 beyond).
+    - ``header_timeout_s``: a connection that has not sent a request's headers (or stays
+      idle between requests) this long is closed; ``body_timeout_s``: a body not read
+      whole in this time is refused (408). Slow clients cannot hold connections or
+      sessions.
+    - ``idle_ttl_s``: a session no request touched this long is closed and its records
+      dropped (an agent that never closes its session).
+    - ``token_in``: after a session's first turn, send the engine the trajectory's own ids
+      plus the tokens of the appended messages (``input_ids``), so the model's earlier
+      output is never re-tokenized; an agent that rewrites its history is templated anew
+      (a new sample). ``max_trim_tokens``: trailing output tokens a re-templated turn
+      may drop and still extend the trajectory (a stop token the template renders
+      otherwise).
+    - ``engine_timeout_s``: one forwarded chat request at most (``None``: the engine
+      client's own total timeout); ``abort_timeout_s``: the abort of a rid whose agent
+      went away or timed out.
+    - ``model``: what ``/v1/models`` lists.
 
-    Usage: ``SessionServerConfig(max_body_bytes=4 << 20)``.
+    Usage: ``SessionServerConfig(max_body_bytes=4 << 20, idle_ttl_s=600)``.
     """
 
     host: str = "127.0.0.1"
     port: int = 0
     max_body_bytes: int = 16 << 20
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_ttl_s: float = 300.0
+    token_in: bool = True
+    max_trim_tokens: int = 1
     engine_timeout_s: float | None = None
     abort_timeout_s: float = 2.0
     model: str = "miles-lite"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ConfigError(f"port must be an int in [0, 65535], got {self.port!r}")
-        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
-            raise ConfigError(f"max_body_bytes must be an int >= 1024, got {self.max_body_bytes!r}")
-        if self.engine_timeout_s is not None and not self.engine_timeout_s > 0:
-            raise ConfigError(
-                f"engine_timeout_s must be > 0 or None, got {self.engine_timeout_s!r}"
-            )
-        if not self.abort_timeout_s > 0:
-            raise ConfigError(f"abort_timeout_s must be > 0, got {self.abort_timeout_s!r}")
+        owner = "SessionServerConfig"
+        check_type(owner, "host", self.host, str)
+        check_int(owner, "port", self.port, minimum=0)
+        if self.port > 65535:
+            raise ConfigError(f"{owner}.port must be in [0, 65535], got {self.port!r}")
+        check_int(owner, "max_body_bytes", self.max_body_bytes, minimum=1024)
+        for name in ("header_timeout_s", "body_timeout_s", "idle_ttl_s", "abort_timeout_s"):
+            check_seconds(owner, name, getattr(self, name))
+        check_seconds(owner, "engine_timeout_s", self.engine_timeout_s, optional=True)
+        check_type(owner, "token_in", self.token_in, bool)
+        check_int(owner, "max_trim_tokens", self.max_trim_tokens, minimum=0)
+        check_type(owner, "model", self.model, str)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can reach the server."""
+        return self.host in LOOPBACK_HOSTS
 
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """An open session: its ``id``, the ``base_url`` an OpenAI client takes
-    (``.../sessions/<id>/v1``), and ``api_key``, which picks the same session at the
-    server's fixed :attr:`SessionServer.openai_base_url`."""
+    """An open session: its ``id``, the ``base_url`` an OpenAI client takes, and
+    ``api_key``, which picks the session at the server's ``/v1`` (the only way in when the
+    server is not on loopback: then ``base_url`` is that ``/v1``)."""
 
     id: str
     base_url: str
@@ -54,17 +88,29 @@ class Session:
 
 @dataclass(frozen=True, slots=True)
 class SessionServerStatistics:
-    """Counters of a :class:`SessionServer` since it started."""
+    """Counters of a :class:`SessionServer` since it started.
+
+    ``refused``: agent requests answered 4xx for what they held (bad JSON, a key the
+    rollout sets, ``n`` != 1, ...); ``unauthorized``: management or chat requests without
+    the right credential or ``Host``; ``expired``: sessions closed after ``idle_ttl_s``;
+    ``token_in_turns`` / ``templated_turns``: turns sent as the trajectory's ids / as
+    messages the engine templated.
+    """
 
     open_sessions: int
     opened: int
     closed: int
+    expired: int
     requests: int
     recorded: int
+    token_in_turns: int
+    templated_turns: int
     engine_errors: int
     conflicts: int
     not_found: int
-    bad_requests: int
+    refused: int
+    unauthorized: int
     too_large: int
     aborted_answers: int
     disconnect_aborts: int
+    timeout_aborts: int

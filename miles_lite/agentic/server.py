@@ -1,20 +1,34 @@
 """The chat session server: OpenAI chat at session-scoped URLs, forwarded with TITO.
 
 An agent speaks plain OpenAI chat to ``http://127.0.0.1:<port>/sessions/<id>/v1`` (or to
-``/v1`` with ``Authorization: Bearer <session key>``); each request goes to the engine the
-router keeps for the session, asking for the prompt ids, output ids and log-probs, and each
-2xx answer is recorded as a :class:`~miles_lite.sglang.chat_wire.TurnRecord` from which
+``/v1`` with ``Authorization: Bearer <session key>``); each request goes through the
+router's one retry loop to the engine kept for the session, asking for the prompt ids,
+output ids and log-probs, and each 2xx answer is recorded as a
+:class:`~miles_lite.sglang.chat_wire.TurnRecord` from which
 :mod:`miles_lite.agentic.assembly` builds training samples.
 
-Unlike miles: a second request on a session while one is in flight is refused (409)
-instead of being served and silently not recorded; an agent that disconnects gets its rid
-aborted at the engine; early stop answers later requests at once with ``abort``.
+Token in, token out: after a session's first turn, the engine gets the trajectory's own
+ids plus the tokens of the messages the agent appended (``input_ids``), so the model's
+earlier output is never re-tokenized (a model's ``\\n\\n\\n`` is three tokens, the
+tokenizer's spelling of it one). An agent that rewrites its history is templated anew:
+its samples split there, counted.
+
+The server does not trust its agents (:mod:`miles_lite.agentic.turns`): the rollout's
+sampling wins, unknown keys are refused by name, slow clients are cut off, management
+needs the server's own token, a loopback server refuses other ``Host`` names. A second
+request on a session while one is in flight is refused (409); an agent that disconnects
+or times out gets its rid aborted at the engine; early stop answers later requests at
+once with ``abort``; idle sessions expire.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import secrets
+import time
 from collections.abc import Iterable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +38,12 @@ from aiohttp import web
 from miles_lite._core import json as _json
 from miles_lite._core.resources import AsyncResource
 from miles_lite._core.serve import serve_app
-from miles_lite.agentic.config import Session, SessionServerConfig, SessionServerStatistics
+from miles_lite.agentic.config import (
+    LOOPBACK_HOSTS,
+    Session,
+    SessionServerConfig,
+    SessionServerStatistics,
+)
 from miles_lite.agentic.openai_wire import (
     abort_answer,
     as_chunk,
@@ -32,24 +51,32 @@ from miles_lite.agentic.openai_wire import (
     passthrough,
     too_large,
 )
+from miles_lite.agentic.turns import (
+    BadTurn,
+    Trajectory,
+    appended_messages,
+    engine_payload,
+    prefix_len,
+    render_key,
+)
 from miles_lite.engine.control import abort_request
-from miles_lite.engine.router import Router
-from miles_lite.errors import EngineError, EngineStatusError, SessionError
+from miles_lite.errors import EngineError, EngineProtocolError, EngineStatusError, SessionError
 from miles_lite.rollout.context import InFlight, RunContext
 from miles_lite.sglang.chat_wire import TurnRecord, record_from_choice
 from miles_lite.sglang.generate_wire import new_rid
-from miles_lite.sglang.sampling import CHAT_NAMES, TextSamplingParams
+from miles_lite.text.context import TextContext
+from miles_lite.text.tokenize import encode, text_after_turn
 
-__all__ = ["Session", "SessionServer", "SessionServerConfig", "SessionServerStatistics"]
+__all__ = ["SessionServer"]
 
+_log = logging.getLogger(__name__)
+
+#: The chat endpoint of the engines.
+CHAT_PATH = "/v1/chat/completions"
 #: Bodies larger than this are parsed in a worker thread, not on the event loop.
 _OFF_LOOP_JSON_BYTES = 64 * 1024
 #: Answers with more output tokens than this are encoded in a worker thread.
 _OFF_LOOP_ANSWER_TOKENS = 1024
-
-
-#: The chat endpoint of the engines.
-CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass
@@ -58,7 +85,9 @@ class _Session:
     key: str
     run: RunContext | None
     in_flight: InFlight
+    last_used: float
     records: list[TurnRecord] = field(default_factory=list)
+    trajectory: Trajectory | None = None
     busy: bool = False
     closed: bool = False
     aborted: bool = False
@@ -76,56 +105,71 @@ class _Reply(Exception):
 
 
 class SessionServer(AsyncResource):
-    """OpenAI chat through session-scoped URLs, on loopback (see the module docstring).
+    """OpenAI chat through session-scoped URLs (see the module docstring).
 
-    ``router`` sends each turn (one engine kept per session; its one retry loop);
-    ``sampling`` is the rollout's sampling (applied to every turn). An async resource:
-    entering binds the port, leaving (or :meth:`aclose`) stops serving, drops every
-    session and waits for the handlers. Use it from one event loop.
+    ``context`` gives the router (sticky engine per session, its one retry loop), the
+    rollout's sampling (applied to every turn), the tokenizer (token in) and the
+    vocabulary the answers are checked against. An async resource: entering binds the
+    port and starts the idle-session sweep; leaving (or :meth:`aclose`) stops serving,
+    drops every session and waits for the handlers. ``management_token`` authorizes the
+    HTTP session endpoints (``POST/GET/DELETE /sessions``); the library calls the
+    methods directly. Use it from one event loop.
 
     Usage::
 
-        async with SessionServer(router, sampling) as server:
+        async with SessionServer(context) as server:
             session = await server.open_session(run)
-            client = openai.AsyncOpenAI(base_url=session.base_url, api_key="-")
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key)
             ...
             records = await server.close_session(session.id)
     """
 
     _resource_name = "session server"
 
-    def __init__(
-        self,
-        router: Router,
-        sampling: TextSamplingParams | None = None,
-        config: SessionServerConfig | None = None,
-    ) -> None:
+    def __init__(self, context: TextContext, config: SessionServerConfig | None = None) -> None:
         super().__init__()
-        self._router = router
-        self._sampling = (sampling or TextSamplingParams()).to_payload()
+        self._context = context
+        self._router = context.router
+        self._sampling = context.sampling_params()
         self._config = config or SessionServerConfig()
+        tokenizer = context.tokenizer
+        self._end_of_turn = str(getattr(tokenizer, "eos_token", "") or "")
+        eot_id = tokenizer.convert_tokens_to_ids(self._end_of_turn) if self._end_of_turn else None
+        self._end_of_turn_id = eot_id if isinstance(eot_id, int) else -1
+        #: Authorizes the HTTP session endpoints.
+        self.management_token = secrets.token_urlsafe(32)
         self._sessions: dict[str, _Session] = {}
         self._by_key: dict[str, _Session] = {}
-        self._runner: web.AppRunner | None = None
         self._url = ""
+        self._stack: AsyncExitStack | None = None
         self._counts = dict.fromkeys(
             (
                 "opened",
                 "closed",
+                "expired",
                 "requests",
                 "recorded",
+                "token_in_turns",
+                "templated_turns",
                 "engine_errors",
                 "conflicts",
                 "not_found",
-                "bad_requests",
+                "refused",
+                "unauthorized",
                 "too_large",
                 "aborted_answers",
                 "disconnect_aborts",
+                "timeout_aborts",
             ),
             0,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def config(self) -> SessionServerConfig:
+        """The server's settings."""
+        return self._config
 
     @property
     def url(self) -> str:
@@ -139,7 +183,8 @@ class SessionServer(AsyncResource):
         return f"{self.url}/v1"
 
     async def _open(self) -> None:
-        app = web.Application(client_max_size=self._config.max_body_bytes)
+        config = self._config
+        app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._guard_host])
         app.router.add_post("/sessions", self._h_create)
         app.router.add_get("/sessions/{sid}", self._h_get)
         app.router.add_delete("/sessions/{sid}", self._h_delete)
@@ -148,28 +193,53 @@ class SessionServer(AsyncResource):
         app.router.add_post("/v1/chat/completions", self._h_chat_key)
         app.router.add_get("/v1/models", self._h_models_key)
         app.router.add_route("*", "/{tail:.*}", self._h_unknown)
+        stack = AsyncExitStack()
+        self._stack = stack
         # handler_cancellation: a handler whose agent disconnected is cancelled, so its
-        # rid is aborted at the engine instead of generating for no one.
-        self._runner, self._url = await serve_app(app, self._config.host, self._config.port)
+        # rid is aborted at the engine instead of generating for no one. keepalive_timeout
+        # also closes a new connection whose headers do not arrive in time (slowloris).
+        runner, self._url = await serve_app(
+            app, config.host, config.port, keepalive_timeout=config.header_timeout_s
+        )
+        stack.push_async_callback(_cleanup, runner)
+        task_group = await stack.enter_async_context(anyio.create_task_group())
+        task_group.start_soon(self._sweep_idle)
+        stack.callback(task_group.cancel_scope.cancel)
+        if not config.loopback:
+            _log.warning(
+                "session server on %s: reachable from other hosts, so sessions are reached"
+                " only with their API key (Authorization: Bearer <key> at %s/v1), never by URL",
+                self._url,
+                self._url,
+            )
 
     async def _close(self) -> None:
         """Stop serving and drop every session (their records are lost); shielded and
         bounded (5 s)."""
-        runner, self._runner = self._runner, None
         for session in self._sessions.values():
             session.closed = True
             self._router.forget(session.id)
         self._sessions.clear()
         self._by_key.clear()
-        if runner is not None:
-            with anyio.move_on_after(5.0, shield=True):
-                await runner.cleanup()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _sweep_idle(self) -> None:
+        ttl = self._config.idle_ttl_s
+        while True:
+            await anyio.sleep(min(ttl / 4, 30.0))
+            cutoff = time.monotonic() - ttl
+            for session in [s for s in self._sessions.values() if s.last_used < cutoff]:
+                if not session.busy:
+                    self._drop(session)
+                    self._counts["expired"] += 1
 
     # -- library API -------------------------------------------------------------------------
 
     async def open_session(self, run: RunContext | None = None) -> Session:
         """Open a session (128 random bits of id, another 128 of API key) for ``run``:
-        its turns count in the run's requests in flight, and once the run stops, they are
+        its turns count in the run's requests in flight, and once the run stops they are
         answered at once with ``finish_reason`` ``abort``."""
         self._check_open()
         session = _Session(
@@ -177,6 +247,7 @@ class SessionServer(AsyncResource):
             key=f"sk-session-{secrets.token_hex(16)}",
             run=run,
             in_flight=run.in_flight if run is not None else InFlight(),
+            last_used=time.monotonic(),
         )
         self._sessions[session.id] = session
         self._by_key[session.key] = session
@@ -187,15 +258,13 @@ class SessionServer(AsyncResource):
         """Close a session and return its records, oldest first.
 
         A request still in flight on it is aborted at the engine and not recorded. Raises
-        :class:`SessionError` for an unknown or already closed session.
+        :class:`SessionError` for an unknown, expired or already closed session.
         """
-        session = self._sessions.pop(session_id, None)
+        session = self._sessions.get(session_id)
         if session is None:
-            raise SessionError(f"session {session_id!r} is unknown or already closed")
-        self._by_key.pop(session.key, None)
-        session.closed = True
+            raise SessionError(f"session {session_id!r} is unknown, expired or already closed")
+        self._drop(session)
         self._counts["closed"] += 1
-        self._router.forget(session.id)
         if session.rid is not None and session.url is not None:
             await self._abort_rid(session.url, session.rid)
         return list(session.records)
@@ -208,7 +277,7 @@ class SessionServer(AsyncResource):
         """A session's records so far; raises :class:`SessionError` if it is not open."""
         session = self._sessions.get(session_id)
         if session is None:
-            raise SessionError(f"session {session_id!r} is unknown or already closed")
+            raise SessionError(f"session {session_id!r} is unknown, expired or already closed")
         return list(session.records)
 
     async def abort(self, session_ids: Iterable[str] | None = None) -> None:
@@ -228,14 +297,57 @@ class SessionServer(AsyncResource):
         """A snapshot of the server's counters."""
         return SessionServerStatistics(open_sessions=len(self._sessions), **self._counts)
 
+    def _drop(self, session: _Session) -> None:
+        self._sessions.pop(session.id, None)
+        self._by_key.pop(session.key, None)
+        session.closed = True
+        self._router.forget(session.id)
+
     def _public(self, session: _Session) -> Session:
+        if not self._config.loopback:
+            return Session(id=session.id, base_url=f"{self._url}/v1", api_key=session.key)
         return Session(
             id=session.id, base_url=f"{self._url}/sessions/{session.id}/v1", api_key=session.key
         )
 
+    # -- guards ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _guard_host(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # A page in the user's browser can reach a loopback port through a name it
+        # controls (DNS rebinding): a loopback server answers loopback names only.
+        if self._config.loopback:
+            host = (request.host or "").rsplit(":", 1)[0].strip("[]")
+            if host not in LOOPBACK_HOSTS:
+                self._counts["unauthorized"] += 1
+                return error_response(
+                    403,
+                    f"Host {request.host!r} is not served: this session server listens on"
+                    " loopback and answers loopback names only",
+                    "permission_error",
+                )
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def _check_management(self, request: web.Request) -> None:
+        if _bearer(request) != self.management_token:
+            self._counts["unauthorized"] += 1
+            raise _Reply(
+                error_response(
+                    401,
+                    "session management needs the server's management token "
+                    "(Authorization: Bearer <SessionServer.management_token>)",
+                    "authentication_error",
+                )
+            )
+
     # -- handlers ----------------------------------------------------------------------------
 
     async def _h_create(self, request: web.Request) -> web.Response:
+        try:
+            self._check_management(request)
+        except _Reply as reply:
+            return reply.response
         session = await self.open_session()
         return web.json_response(
             {"session_id": session.id, "base_url": session.base_url, "api_key": session.api_key}
@@ -243,7 +355,8 @@ class SessionServer(AsyncResource):
 
     async def _h_get(self, request: web.Request) -> web.Response:
         try:
-            session = self._by_path(request)
+            self._check_management(request)
+            session = self._by_id(request.match_info["sid"])
         except _Reply as reply:
             return reply.response
         records = [record.to_json() for record in session.records]
@@ -251,13 +364,14 @@ class SessionServer(AsyncResource):
             {
                 "session_id": session.id,
                 "records": records,
-                "metadata": {"engine_url": session.url, "engine_errors": session.engine_errors},
+                "metadata": {"engine_errors": session.engine_errors},
             }
         )
 
     async def _h_delete(self, request: web.Request) -> web.Response:
         try:
-            session = self._by_path(request)
+            self._check_management(request)
+            session = self._by_id(request.match_info["sid"])
         except _Reply as reply:
             return reply.response
         await self.close_session(session.id)
@@ -310,26 +424,37 @@ class SessionServer(AsyncResource):
             return reply.response
         return await self._chat(request, session)
 
-    def _by_path(self, request: web.Request) -> _Session:
-        sid = request.match_info["sid"]
+    def _by_id(self, sid: str) -> _Session:
         session = self._sessions.get(sid)
         if session is None:
             self._counts["not_found"] += 1
             raise _Reply(
                 error_response(
                     404,
-                    f"session {sid!r} is unknown or closed; open one with POST /sessions and "
-                    "use the base URL it returns",
+                    f"session {sid!r} is unknown, expired or closed; open one with POST "
+                    "/sessions and use the base URL it returns",
                     "not_found_error",
                 )
             )
         return session
 
+    def _by_path(self, request: web.Request) -> _Session:
+        if not self._config.loopback:
+            self._counts["unauthorized"] += 1
+            raise _Reply(
+                error_response(
+                    401,
+                    "session URLs are off on a server other hosts can reach: use /v1 with "
+                    "Authorization: Bearer <session api_key>",
+                    "authentication_error",
+                )
+            )
+        return self._by_id(request.match_info["sid"])
+
     def _by_key_header(self, request: web.Request) -> _Session:
-        header = request.headers.get("Authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            self._counts["not_found"] += 1
+        key = _bearer(request)
+        if not key:
+            self._counts["unauthorized"] += 1
             raise _Reply(
                 error_response(
                     401,
@@ -338,13 +463,13 @@ class SessionServer(AsyncResource):
                     "authentication_error",
                 )
             )
-        session = self._by_key.get(key.strip())
+        session = self._by_key.get(key)
         if session is None:
             self._counts["not_found"] += 1
             raise _Reply(
                 error_response(
                     404,
-                    "the session of this API key is unknown or closed; open a new session",
+                    "the session of this API key is unknown, expired or closed; open a new one",
                     "not_found_error",
                 )
             )
@@ -360,6 +485,7 @@ class SessionServer(AsyncResource):
                 "conflict_error",
             )
         session.busy = True
+        session.last_used = time.monotonic()
         self._counts["requests"] += 1
         try:
             return await self._serve(request, session)
@@ -368,61 +494,154 @@ class SessionServer(AsyncResource):
         finally:
             session.busy = False
             session.rid = None
+            session.last_used = time.monotonic()
 
     async def _serve(self, request: web.Request, session: _Session) -> web.StreamResponse:
         body = await self._read_body(request)
-        stream = bool(body.pop("stream", False))
-        body.pop("stream_options", None)
+        stream = body.get("stream", False)
         if session.aborted or session.closed or (session.run is not None and session.run.stopping):
             self._counts["aborted_answers"] += 1
-            answer = abort_answer(body.get("model") or self._config.model)
-            return await self._answer(request, answer, stream)
+            return await self._answer(request, abort_answer(self._model(body)), stream is True)
         rid = new_rid()
-        payload = self._payload(body, rid)
+        try:
+            payload = engine_payload(body, self._sampling, rid=rid)
+        except BadTurn as bad:
+            self._counts["refused"] += 1
+            raise _Reply(error_response(400, bad.message, param=bad.param)) from None
+        sent = await self._token_in(session, body, payload)
         forwarded = await self._forward(session, payload, rid)
         if forwarded is None:  # the run stopped while the turn waited for an engine slot
             self._counts["aborted_answers"] += 1
-            answer = abort_answer(body.get("model") or self._config.model)
-            return await self._answer(request, answer, stream)
+            return await self._answer(request, abort_answer(self._model(body)), stream)
         answer, url = forwarded
         try:
-            record = record_from_choice(answer, rid=rid, engine_url=url, request=payload)
+            record = record_from_choice(
+                answer,
+                rid=rid,
+                engine_url=url,
+                request=payload,
+                vocab_size=self._context.vocab_size,
+            )
+            if sent is not None and record.prompt_ids != sent:
+                raise EngineProtocolError(
+                    "the engine ran another prompt than the input_ids sent (token in): is it "
+                    "SGLang >= 0.5.23?",
+                    url=url,
+                    request_id=rid,
+                )
         except EngineError as exc:
             self._counts["engine_errors"] += 1
             session.engine_errors += 1
             raise _Reply(error_response(502, str(exc), "upstream_error")) from exc
         if not session.closed:
-            session.records.append(record)
-            self._counts["recorded"] += 1
+            self._record(session, record, body, answer)
         large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
-        # The engine's answer as it is: OpenAI clients ignore the extra fields, and
-        # agents that read ids or meta_info can.
+        # The engine's answer as it is: OpenAI clients ignore the extra fields, and agents
+        # that read ids or meta_info can.
         return await self._answer(request, answer, stream, large)
+
+    async def _token_in(
+        self, session: _Session, body: dict[str, Any], payload: dict[str, Any]
+    ) -> list[int] | None:
+        """Send the trajectory's ids plus the appended messages' tokens when the request
+        extends the session (sets ``payload["input_ids"]``, returns them); None when the
+        engine is to template the messages (a first turn, or a rewritten history)."""
+        trajectory = session.trajectory
+        if not self._config.token_in or trajectory is None:
+            self._counts["templated_turns"] += 1
+            return None
+        appended = None
+        if render_key(body) == trajectory.render_key:
+            appended = appended_messages(trajectory.messages, trajectory.answer, body["messages"])
+        if appended is None:
+            self._counts["templated_turns"] += 1
+            return None
+        kwargs = body.get("chat_template_kwargs")
+        try:
+            text = await text_after_turn(
+                self._context,
+                appended,
+                end_of_turn=self._end_of_turn,
+                turn_ended=trajectory.turn_ended,
+                template_kwargs=kwargs if isinstance(kwargs, dict) else None,
+            )
+        except Exception as exc:  # the template refused the agent's messages
+            self._counts["refused"] += 1
+            raise _Reply(
+                error_response(400, f"cannot apply the chat template: {exc}", param="messages")
+            ) from exc
+        ids = [*trajectory.ids, *await encode(self._context, text)]
+        payload["input_ids"] = ids
+        self._counts["token_in_turns"] += 1
+        return ids
+
+    def _record(
+        self, session: _Session, record: TurnRecord, body: dict[str, Any], answer: Any
+    ) -> None:
+        """Keep the turn: its new prompt tokens only, and the session's trajectory."""
+        prompt = record.prompt_ids
+        output = record.output_ids
+        trajectory = session.trajectory
+        kept = 0
+        if trajectory is not None:
+            last_output = len(session.records[-1].output_ids) if session.records else 0
+            trim = min(self._config.max_trim_tokens, last_output)
+            kept = prefix_len(trajectory.ids, prompt, trim)
+        session.records.append(
+            dataclasses.replace(record, prompt_ids=prompt[kept:], prefix_len=kept)
+        )
+        self._counts["recorded"] += 1
+        message = answer["choices"][0].get("message")
+        session.trajectory = Trajectory(
+            ids=[*prompt, *output],
+            messages=list(body["messages"]),
+            answer=message if isinstance(message, dict) else {},
+            render_key=render_key(body),
+            turn_ended=bool(output) and output[-1] == self._end_of_turn_id,
+        )
 
     async def _read_body(self, request: web.Request) -> dict[str, Any]:
         limit = self._config.max_body_bytes
+        if request.content_type != "application/json":
+            self._counts["refused"] += 1
+            raise _Reply(
+                error_response(
+                    415,
+                    f"Content-Type {request.content_type!r}: send application/json",
+                    "invalid_request_error",
+                )
+            )
         if request.content_length is not None and request.content_length > limit:
             self._counts["too_large"] += 1
             raise _Reply(too_large(request.content_length, limit))
         try:
-            raw = await request.read()
+            with anyio.fail_after(self._config.body_timeout_s):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self._counts["too_large"] += 1
             raise _Reply(too_large(None, limit)) from None
+        except TimeoutError:
+            self._counts["refused"] += 1
+            raise _Reply(
+                error_response(
+                    408,
+                    f"the request body did not arrive within {self._config.body_timeout_s} s",
+                )
+            ) from None
         try:
             if len(raw) > _OFF_LOOP_JSON_BYTES:
-                body = await anyio.to_thread.run_sync(_json.loads, raw)
+                body = await anyio.to_thread.run_sync(_json.loads_strict, raw)
             else:
-                body = _json.loads(raw)
+                body = _json.loads_strict(raw)
         except ValueError as exc:
-            self._counts["bad_requests"] += 1
+            self._counts["refused"] += 1
             raise _Reply(
                 error_response(
                     400, f"request body is not JSON ({exc}); send a chat.completions body"
                 )
             ) from None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            self._counts["bad_requests"] += 1
+            self._counts["refused"] += 1
             raise _Reply(
                 error_response(
                     400,
@@ -431,7 +650,7 @@ class SessionServer(AsyncResource):
                 )
             )
         if not body["messages"]:
-            self._counts["bad_requests"] += 1
+            self._counts["refused"] += 1
             raise _Reply(
                 error_response(
                     400, "'messages' is empty; send at least one message", param="messages"
@@ -439,28 +658,9 @@ class SessionServer(AsyncResource):
             )
         return body
 
-    def _payload(self, body: dict[str, Any], rid: str) -> dict[str, Any]:
-        payload = dict(body)
-        # An agent may speak SGLang's names; the chat endpoint wants OpenAI's.
-        if "max_new_tokens" in payload:
-            payload.setdefault("max_tokens", payload.pop("max_new_tokens"))
-        if "max_completion_tokens" in payload:
-            payload.setdefault("max_tokens", payload["max_completion_tokens"])
-        for key, value in self._sampling.items():
-            name = CHAT_NAMES.get(key)
-            if name is not None:
-                payload.setdefault(name, value)
-        # TITO: ids and log-probs of this turn only; logprob_start_len=0 would make the
-        # engine compute prompt log-probs too (costly, and never used).
-        payload.pop("logprob_start_len", None)
-        payload.update(
-            logprobs=True,
-            return_prompt_token_ids=True,
-            return_meta_info=True,
-            rid=rid,
-            stream=False,
-        )
-        return payload
+    def _model(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        return model if isinstance(model, str) else self._config.model
 
     async def _forward(
         self, session: _Session, payload: dict[str, Any], rid: str
@@ -504,6 +704,10 @@ class SessionServer(AsyncResource):
             finished = True
             self._counts["engine_errors"] += 1
             session.engine_errors += 1
+            if not exc.retryable and url:
+                # It reached the engine (a timeout, a reset): stop it generating there.
+                self._counts["timeout_aborts"] += 1
+                await self._abort_rid(url, rid)
             raise _Reply(error_response(502, f"engine failed: {exc}", "upstream_error")) from exc
         finally:
             if not finished and url:
@@ -520,7 +724,7 @@ class SessionServer(AsyncResource):
             session.engine_errors += 1
             raise _Reply(
                 error_response(
-                    502, f"engine {url} answered non-JSON to rid {rid}", "upstream_error"
+                    502, f"engine {url} answered non-JSON to rid {rid}: {exc}", "upstream_error"
                 )
             ) from exc
 
@@ -547,3 +751,13 @@ class SessionServer(AsyncResource):
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _bearer(request: web.Request) -> str:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
+
+
+async def _cleanup(runner: web.AppRunner) -> None:
+    with anyio.move_on_after(5.0, shield=True):
+        await runner.cleanup()

@@ -55,7 +55,7 @@ async def picky_agent(
     base_url: str, prompt: list[dict[str, Any]], request_kwargs: dict[str, Any]
 ) -> Any:
     """Sends a sampling value the engine refuses when the prompt says 'bad'."""
-    extra = {"top_k": "many"} if "bad" in str(prompt) else {}
+    extra = {"seed": "many"} if "bad" in str(prompt) else {}
     async with chat_client(base_url) as oa:
         await oa.chat.completions.create(
             model="m",

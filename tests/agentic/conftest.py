@@ -17,6 +17,7 @@ from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
+from miles_lite.text.context import TextContext
 
 from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
 
@@ -75,8 +76,13 @@ def stack(tokenizer: Any) -> OpenStack:
                     [e.url for e in opened], client, RouterConfig(max_inflight_per_engine=4)
                 ) as router,
             ):
-                sampling = TextSamplingParams(max_new_tokens=max_new_tokens)
-                async with SessionServer(router, sampling, server_config) as server:
+                context = TextContext(
+                    tokenizer,
+                    router,
+                    TextSamplingParams(max_new_tokens=max_new_tokens),
+                    vocab_size=len(tokenizer),
+                )
+                async with SessionServer(context, server_config) as server:
                     yield Stack(engines=opened, router=router, run=RunContext(0), server=server)
         finally:
             for engine in opened:

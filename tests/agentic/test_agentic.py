@@ -11,6 +11,7 @@ import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.agentic.agent import AbortContext, AgentGenerate
+from miles_lite.agentic.config import SessionServerConfig
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.errors import AgentError, ConfigError
 from miles_lite.rollout.context import RunContext
@@ -193,7 +194,7 @@ async def test_an_engine_error_fails_that_sample_and_the_others_go_on(agentic: O
         result = await rollout.run(["a bad one", "a good one"])
     bad, good = result.samples
     assert bad.status is SampleStatus.FAILED and isinstance(bad.error, AgentError)
-    assert "BadRequestError" in str(bad.error) and "top_k" in str(bad.error)
+    assert "BadRequestError" in str(bad.error) and "seed" in str(bad.error)
     assert good.status is SampleStatus.TRUNCATED and good.reward == 1.0  # max_tokens=8
     assert good.response_length == 8
 
@@ -208,8 +209,24 @@ async def test_a_sync_agent_runs_in_a_thread_and_a_sync_hook_too(agentic: Open) 
         assert (await generate.abort(RunContext(0))).called and len(calls) == 1
 
 
-async def test_a_dropped_think_block_splits_the_trajectory_and_is_counted(agentic: Open) -> None:
+async def test_a_dropped_think_block_keeps_one_trajectory_with_token_in(agentic: Open) -> None:
+    # Qwen3's template drops a past turn's think block; token in sends the trajectory's
+    # own ids, so the engine sees what the model wrote and the session stays one sample.
     async with agentic(AgentGenerate(agents_plain.two_user_turns)) as (rollout, _):
+        result = await rollout.run(["Think first", "Say hi"])
+    assert len(result.samples) == 2
+    assert all(s.session is not None and s.session.tito_mismatches == 0 for s in result.samples)
+    assert all(s.status is SampleStatus.COMPLETED and s.reward == 1.0 for s in result.samples)
+    thinking = next(s for s in result.samples if s.prompt == "Think first")
+    assert thinking.response.count("<think>") == 1
+    assert result.metrics["rollout/tito_session_mismatch_rate"] == 0.0
+
+
+async def test_without_token_in_a_dropped_think_block_splits_and_is_counted(agentic: Open) -> None:
+    generate = AgentGenerate(
+        agents_plain.two_user_turns, sessions=SessionServerConfig(token_in=False)
+    )
+    async with agentic(generate) as (rollout, _):
         result = await rollout.run(["Think first", "Say hi"])
     thinking = [s for s in result.samples if s.prompt == "Think first"]
     plain = [s for s in result.samples if s.prompt == "Say hi"]

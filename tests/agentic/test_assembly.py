@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 from hypothesis import given
@@ -10,11 +11,13 @@ from hypothesis import strategies as st
 
 from miles_lite.agentic.assembly import (
     assemble_samples,
+    full_prompts,
     merge_turns,
     status_of,
     truncate_turns,
     turn_samples,
 )
+from miles_lite.agentic.turns import prefix_len
 from miles_lite.errors import ConfigError
 from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.types import Sample, SampleStatus
@@ -34,6 +37,23 @@ def turn(
     )
 
 
+def recorded(*turns: TurnRecord, max_trim: int = 1) -> list[TurnRecord]:
+    """The records a session server keeps of these turns (whole prompts): each holds what
+    its prompt added to the trajectory so far (``prefix_len``, as the server computes it)."""
+    records: list[TurnRecord] = []
+    trajectory: list[int] = []
+    for record in turns:
+        kept = 0
+        if records:
+            trim = min(max_trim, len(records[-1].output_ids))
+            kept = prefix_len(trajectory, record.prompt_ids, trim)
+        records.append(
+            dataclasses.replace(record, prompt_ids=record.prompt_ids[kept:], prefix_len=kept)
+        )
+        trajectory = [*record.prompt_ids, *record.output_ids]
+    return records
+
+
 P = [1, 2, 3]
 A = [10, 11, 99]  # ends with the end-of-turn token 99
 OBS = [20, 21]
@@ -49,7 +69,7 @@ def test_statuses_follow_the_finish_reason() -> None:
 
 
 def test_merged_turns_mask_what_lies_between() -> None:
-    records = [turn(P, A), turn(P + A + OBS, B, "tool_calls", "v2")]
+    records = recorded(turn(P, A), turn(P + A + OBS, B, "tool_calls", "v2"))
     result = assemble_samples(records, TEMPLATE, decode=lambda ids: f"<{len(ids)}>")
     (sample,) = result.samples
     assert sample.tokens == P + A + OBS + B
@@ -65,7 +85,7 @@ def test_merged_turns_mask_what_lies_between() -> None:
 
 
 def test_per_turn_mode_gives_one_sample_per_turn() -> None:
-    records = [turn(P, A), turn(P + A + OBS, B)]
+    records = recorded(turn(P, A), turn(P + A + OBS, B))
     result = assemble_samples(records, TEMPLATE, mode="per_turn")
     assert [s.tokens for s in result.samples] == [P + A, P + A + OBS + B]
     assert [s.loss_mask for s in result.samples] == [[1, 1, 1], [1, 1, 1]]
@@ -73,7 +93,7 @@ def test_per_turn_mode_gives_one_sample_per_turn() -> None:
 
 def test_a_prompt_that_does_not_extend_starts_a_new_sample() -> None:
     rewritten = [1, 2, 3, 55, 10, 11, 99, *OBS]  # the agent rewrote its history
-    records = [turn(P, A), turn(rewritten, B), turn(rewritten + B + OBS, [40, 99])]
+    records = recorded(turn(P, A), turn(rewritten, B), turn(rewritten + B + OBS, [40, 99]))
     result = assemble_samples(records, TEMPLATE)
     assert result.mismatches == 1
     assert [s.tokens for s in result.samples] == [P + A, rewritten + B + OBS + [40, 99]]
@@ -82,32 +102,34 @@ def test_a_prompt_that_does_not_extend_starts_a_new_sample() -> None:
 def test_trailing_stop_tokens_re_rendered_differently_are_trimmed_within_the_bound() -> None:
     # turn one ended with two stop tokens; the template re-renders only one of them
     first = turn(P, [10, 98, 99])
-    records = [first, turn([*P, 10, 98, *OBS], B)]
-    result = assemble_samples(records, TEMPLATE, max_trim_tokens=1)
+    records = recorded(first, turn([*P, 10, 98, *OBS], B), max_trim=1)
+    result = assemble_samples(records, TEMPLATE)
     (sample,) = result.samples
     assert result.trimmed_tokens == 1 and result.mismatches == 0
     assert sample.tokens == [*P, 10, 98, *OBS, *B]
     assert sample.loss_mask == [1, 1, 0, 0, 1, 1, 1]
     assert len(sample.rollout_log_probs or []) == sample.response_length
     # beyond the bound it is a mismatch, not a trim
-    over = assemble_samples([first, turn([*P, 10, *OBS], B)], TEMPLATE, max_trim_tokens=1)
+    over = assemble_samples(recorded(first, turn([*P, 10, *OBS], B), max_trim=1), TEMPLATE)
     assert over.mismatches == 1 and over.trimmed_tokens == 0
     # and the last turn is never trimmed
-    last = assemble_samples([first], TEMPLATE, max_trim_tokens=2)
+    last = assemble_samples(recorded(first, max_trim=2), TEMPLATE)
     assert last.samples[0].tokens == [*P, 10, 98, 99]
 
 
 def test_merging_stops_at_the_first_turn_not_completed() -> None:
-    records = [turn(P, A), turn(P + A + OBS, B, "abort"), turn(P + A + OBS + B + OBS, [5, 99])]
+    records = recorded(
+        turn(P, A), turn(P + A + OBS, B, "abort"), turn(P + A + OBS + B + OBS, [5, 99])
+    )
     (sample,) = assemble_samples(records, TEMPLATE).samples
     assert sample.tokens == P + A + OBS + B and sample.status is SampleStatus.ABORTED
-    truncated = assemble_samples([turn(P, A, "length"), turn(P + A + OBS, B)], TEMPLATE)
+    truncated = assemble_samples(recorded(turn(P, A, "length"), turn(P + A + OBS, B)), TEMPLATE)
     assert [s.tokens for s in truncated.samples] == [P + A]
     assert truncated.samples[0].status is SampleStatus.TRUNCATED
 
 
 def test_truncation_keeps_whole_turns_and_cuts_the_first_that_overflows() -> None:
-    records = [turn(P, A), turn(P + A + OBS, B), turn(P + A + OBS + B + OBS, [5, 6, 99])]
+    records = recorded(turn(P, A), turn(P + A + OBS, B), turn(P + A + OBS + B + OBS, [5, 6, 99]))
     # turn two is 11 tokens: 9 fit, so 2 of its 3 output tokens go
     (sample,) = assemble_samples(records, TEMPLATE, max_seq_len=9).samples
     assert sample.tokens == P + A + OBS + [30]
@@ -139,7 +161,7 @@ def sessions(draw: st.DrawFn) -> list[TurnRecord]:
         output = draw(st.lists(st.integers(0, 50), min_size=1, max_size=5))
         records.append(turn(list(tokens), output))
         tokens = tokens + output + draw(st.lists(st.integers(0, 50), max_size=4))
-    return records
+    return recorded(*records)
 
 
 @given(sessions(), st.sampled_from(["merged", "per_turn"]), st.none() | st.integers(1, 40))
@@ -156,7 +178,8 @@ def test_every_sample_keeps_the_per_token_invariants(
         assert 0 < sample.response_length < len(sample.tokens)
         assert max_seq_len is None or len(sample.tokens) <= max_seq_len
     if mode == "merged" and max_seq_len is None:
-        assert result.samples[0].tokens == records[-1].prompt_ids + records[-1].output_ids
+        last_prompt = list(full_prompts(records))[-1]
+        assert result.samples[0].tokens == last_prompt + records[-1].output_ids
         assert sum(result.samples[0].loss_mask or []) == sum(len(r.output_ids) for r in records)
 
 
@@ -168,10 +191,10 @@ def test_merging_records_in_place_gives_what_merging_turn_samples_gives() -> Non
         return ",".join(map(str, ids))
 
     sessions = [
-        [turn(P, A), turn(P + A + OBS, B), turn(P + A + OBS + B + OBS, A, "length")],
-        [turn(P, A), turn([*P, 10, 11, 98, *OBS], B)],  # the stop token re-rendered: trim 1
-        [turn(P, A), turn([9, *P], B), turn([9, *P, *B, *OBS], A)],  # rewritten history
-        [turn(P, A, "abort"), turn(P + A + OBS, B)],  # stops after a turn not COMPLETED
+        recorded(turn(P, A), turn(P + A + OBS, B), turn(P + A + OBS + B + OBS, A, "length")),
+        recorded(turn(P, A), turn([*P, 10, 11, 98, *OBS], B)),  # stop re-rendered: trim 1
+        recorded(turn(P, A), turn([9, *P], B), turn([9, *P, *B, *OBS], A)),  # rewritten
+        recorded(turn(P, A, "abort"), turn(P + A + OBS, B)),  # stops after one not COMPLETED
     ]
     for records in sessions:
         before = copy.deepcopy(records)

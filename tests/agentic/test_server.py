@@ -11,7 +11,7 @@ import anyio
 import openai
 import pytest
 
-from miles_lite.agentic.assembly import assemble_samples
+from miles_lite.agentic.assembly import assemble_samples, full_prompts
 from miles_lite.agentic.server import SessionServerConfig
 from miles_lite.errors import ClosedResourceError, SessionError
 from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
@@ -22,6 +22,7 @@ from .conftest import TOOLS, Clients, OpenStack
 pytestmark = pytest.mark.anyio
 
 ADD = [{"role": "user", "content": "Please add 2 and 3."}]
+JSON = {"Content-Type": "application/json"}
 
 
 async def tool_agent(oa: openai.AsyncOpenAI) -> list[dict[str, Any]]:
@@ -61,11 +62,13 @@ async def test_tool_calling_agent_yields_one_merged_sample_with_engine_ids(
     assert result.mismatches == 0 and len(result.samples) == 1
     sample = result.samples[0]
     first, second = records
-    assert sample.tokens == second.prompt_ids + second.output_ids
-    assert sample.tokens[: len(first.prompt_ids) + len(first.output_ids)] == (
-        first.prompt_ids + first.output_ids
-    )
-    between = len(second.prompt_ids) - len(first.prompt_ids) - len(first.output_ids)
+    first_prompt, second_prompt = full_prompts(records)
+    # Token in: the second turn's prompt is the first turn's ids and what the agent added;
+    # its record keeps the added tokens only.
+    assert second.prefix_len == len(first_prompt) + len(first.output_ids)
+    assert second_prompt[: second.prefix_len] == first_prompt + first.output_ids
+    assert sample.tokens == second_prompt + second.output_ids
+    between = len(second.prompt_ids)
     assert between > 0
     assert sample.loss_mask == [1] * len(first.output_ids) + [0] * between + [1] * len(
         second.output_ids
@@ -78,10 +81,13 @@ async def test_tool_calling_agent_yields_one_merged_sample_with_engine_ids(
     assert "<tool_response>\n5\n</tool_response>" in sample.response
 
 
-async def test_qwen3_template_dropping_think_splits_the_sample(
-    stack: OpenStack, clients: Clients, tokenizer: Any
+@pytest.mark.parametrize("token_in", [True, False])
+async def test_qwen3_template_dropping_think(
+    stack: OpenStack, clients: Clients, tokenizer: Any, token_in: bool
 ) -> None:
-    async with stack() as s:
+    """Qwen3's template drops a past turn's think block. Token in sends the trajectory's
+    own ids (one sample, the think block trained on); templating anew splits the sample."""
+    async with stack(server_config=SessionServerConfig(token_in=token_in)) as s:
         session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Think first"}]
@@ -93,9 +99,26 @@ async def test_qwen3_template_dropping_think_splits_the_sample(
         ]
         await oa.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
         records = await s.server.close_session(session.id)
+        stats = s.server.statistics()
     result = assemble_samples(records, Sample(prompt=messages))
-    assert result.mismatches == 1 and len(result.samples) == 2
-    assert [x.tokens for x in result.samples] == [r.prompt_ids + r.output_ids for r in records]
+    prompts = list(full_prompts(records))
+    if token_in:
+        assert (stats.token_in_turns, stats.templated_turns) == (1, 1)
+        assert result.mismatches == 0 and len(result.samples) == 1
+        (sample,) = result.samples
+        assert sample.tokens == prompts[1] + records[1].output_ids
+        think = tokenizer.encode("<think>", add_special_tokens=False)
+        first_output = records[0].output_ids
+        assert first_output[: len(think)] == think
+        start = len(prompts[0])
+        assert sample.tokens[start : start + len(first_output)] == first_output
+        assert sample.loss_mask[: len(first_output)] == [1] * len(first_output)
+    else:
+        assert (stats.token_in_turns, stats.templated_turns) == (0, 2)
+        assert result.mismatches == 1 and len(result.samples) == 2
+        assert [x.tokens for x in result.samples] == [
+            p + r.output_ids for p, r in zip(prompts, records, strict=True)
+        ]
 
 
 async def test_agent_rewriting_history_splits_the_sample(
@@ -129,7 +152,7 @@ async def test_bearer_key_route_reaches_the_same_session(
         assert len(s.server.records(session.id)) == 2
         assert s.server.records(other.id) == []
         # a key of no session is a 404 naming what to do
-        with pytest.raises(openai.NotFoundError, match="unknown or closed"):
+        with pytest.raises(openai.NotFoundError, match="unknown, expired or closed"):
             await clients(s.server.openai_base_url, "sk-session-nope").chat.completions.create(
                 model="m",
                 messages=ADD,  # type: ignore[arg-type]
@@ -165,14 +188,22 @@ async def test_http_routes_and_their_errors(stack: OpenStack) -> None:
     config = SessionServerConfig(max_body_bytes=4096)
     async with stack(server_config=config) as s, aiohttp.ClientSession() as http:
         url = s.server.url
+        manage = {"Authorization": f"Bearer {s.server.management_token}"}
         async with http.post(f"{url}/sessions") as resp:
+            assert resp.status == 401  # management needs the server's token
+            assert "management token" in (await resp.json())["error"]["message"]
+        async with http.post(f"{url}/sessions", headers=manage) as resp:
             assert resp.status == 200
             sid = (await resp.json())["session_id"]
         assert len(sid) == 32 and int(sid, 16) >= 0
         chat = f"{url}/sessions/{sid}/v1/chat/completions"
-        async with http.post(chat, data=b"{not json") as resp:
+        async with http.post(chat, data=b"{not json", headers=JSON) as resp:
             assert resp.status == 400
             assert "not JSON" in (await resp.json())["error"]["message"]
+        async with http.post(chat, data=b'{"messages": [NaN]}', headers=JSON) as resp:
+            assert resp.status == 400  # not JSON by the standard
+        async with http.post(chat, data=json.dumps({"messages": ADD}).encode()) as resp:
+            assert resp.status == 415  # no Content-Type: application/json
         async with http.post(chat, json={"model": "m"}) as resp:
             assert resp.status == 400 and (await resp.json())["error"]["param"] == "messages"
         big = {"messages": [{"role": "user", "content": "x" * 8000}]}
@@ -182,15 +213,21 @@ async def test_http_routes_and_their_errors(stack: OpenStack) -> None:
         async with http.post(chat, json={"messages": ADD, "tools": TOOLS}) as resp:
             assert resp.status == 200
         async with http.get(f"{url}/sessions/{sid}") as resp:
+            assert resp.status == 401
+        async with http.get(f"{url}/sessions/{sid}", headers=manage) as resp:
             debug = await resp.json()
             assert len(debug["records"]) == 1
             assert debug["records"][0]["finish_reason"] == "tool_calls"
         async with http.get(f"{url}/sessions/{sid}/v1/models") as resp:
             assert resp.status == 200
         async with http.delete(f"{url}/sessions/{sid}") as resp:
+            assert resp.status == 401
+        async with http.delete(f"{url}/sessions/{sid}", headers=manage) as resp:
             assert resp.status == 204
         for method, path in (("DELETE", ""), ("GET", ""), ("POST", "/v1/chat/completions")):
-            async with http.request(method, f"{url}/sessions/{sid}{path}", json={}) as resp:
+            async with http.request(
+                method, f"{url}/sessions/{sid}{path}", json={}, headers=manage
+            ) as resp:
                 assert resp.status == 404
                 assert "POST /sessions" in (await resp.json())["error"]["message"]
         async with http.post(f"{url}/v1/chat/completions", json={"messages": ADD}) as resp:
@@ -199,12 +236,29 @@ async def test_http_routes_and_their_errors(stack: OpenStack) -> None:
             assert resp.status == 404
             assert "chat/completions" in (await resp.json())["error"]["message"]
         stats = s.server.statistics()
-        assert (stats.bad_requests, stats.too_large, stats.recorded) == (2, 1, 1)
-        assert stats.open_sessions == 0
+        assert (stats.refused, stats.too_large, stats.recorded) == (4, 1, 1)
+        assert stats.unauthorized == 4 and stats.open_sessions == 0
     with pytest.raises(ClosedResourceError):
         await s.server.open_session(s.run)
     with pytest.raises(SessionError):
         await s.server.close_session(sid)
+
+
+async def test_a_loopback_server_answers_loopback_host_names_only(stack: OpenStack) -> None:
+    """DNS rebinding: a page's own name resolving to 127.0.0.1 must not reach sessions."""
+    async with stack() as s, aiohttp.ClientSession() as http:
+        session = await s.server.open_session(s.run)
+        models = f"{session.base_url}/models"
+        for host, status in (("evil.example:80", 403), ("localhost", 200), ("127.0.0.1", 200)):
+            async with http.get(models, headers={"Host": host}) as resp:
+                assert resp.status == status, host
+        async with http.post(
+            f"{s.server.url}/sessions",
+            headers={"Host": "attacker.test", "Authorization": "Bearer x"},
+        ) as resp:
+            assert resp.status == 403
+        assert s.server.statistics().unauthorized == 2
+        assert s.server.session_ids() == [session.id]
 
 
 async def test_streaming_is_one_chunk_then_done(stack: OpenStack, clients: Clients) -> None:
@@ -224,12 +278,12 @@ async def test_engine_error_passes_through_and_other_sessions_go_on(
 ) -> None:
     async with stack() as s:
         bad, good = await s.server.open_session(s.run), await s.server.open_session(s.run)
-        # SGLang refuses a sampling key it does not know: the agent sees the engine's 400.
+        # SGLang refuses a bad sampling value: the agent sees the engine's 400.
         with pytest.raises(openai.BadRequestError):
             await clients(bad.base_url).chat.completions.create(
                 model="m",
                 messages=ADD,
-                extra_body={"top_k": "many"},  # type: ignore[arg-type]
+                extra_body={"seed": "many"},  # type: ignore[arg-type]
             )
         await tool_agent(clients(good.base_url))
         assert await s.server.close_session(bad.id) == []
