@@ -476,6 +476,12 @@ class SessionServer(AsyncResource):
         return session
 
     async def _chat(self, request: web.Request, session: _Session) -> web.StreamResponse:
+        # The body first: a slow one must not hold the session busy (its real turn would
+        # get a 409); it is bounded by body_timeout_s.
+        try:
+            body = await self._read_body(request)
+        except _Reply as reply:
+            return reply.response
         if session.busy:
             self._counts["conflicts"] += 1
             return error_response(
@@ -488,7 +494,7 @@ class SessionServer(AsyncResource):
         session.last_used = time.monotonic()
         self._counts["requests"] += 1
         try:
-            return await self._serve(request, session)
+            return await self._serve(request, session, body)
         except _Reply as reply:
             return reply.response
         finally:
@@ -496,8 +502,9 @@ class SessionServer(AsyncResource):
             session.rid = None
             session.last_used = time.monotonic()
 
-    async def _serve(self, request: web.Request, session: _Session) -> web.StreamResponse:
-        body = await self._read_body(request)
+    async def _serve(
+        self, request: web.Request, session: _Session, body: dict[str, Any]
+    ) -> web.StreamResponse:
         stream = body.get("stream", False)
         if session.aborted or session.closed or (session.run is not None and session.run.stopping):
             self._counts["aborted_answers"] += 1

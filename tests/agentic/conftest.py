@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +52,9 @@ OpenStack = Callable[..., AbstractAsyncContextManager[Stack]]
 
 @pytest.fixture
 def stack(tokenizer: Any) -> OpenStack:
-    """``async with stack(engines=1, engine_config=..., server_config=...) as s``."""
+    """``async with stack(engines=1, engine_config=..., server_config=...) as s``
+    (``tokenizer=``: another tokenizer or chat template for engines and server;
+    ``before``: URLs of other engines, first in the router's list)."""
 
     @asynccontextmanager
     async def open_stack(
@@ -61,6 +63,9 @@ def stack(tokenizer: Any) -> OpenStack:
         engine_config: TextStandInConfig | None = None,
         server_config: SessionServerConfig | None = None,
         max_new_tokens: int = 64,
+        tokenizer: Any = tokenizer,
+        before: Sequence[str] = (),
+        router_config: RouterConfig | None = None,
     ) -> AsyncIterator[Stack]:
         config = engine_config or TextStandInConfig(policy=TextPolicy(rules=RULES))
         opened: list[TextStandInEngine] = []
@@ -73,7 +78,9 @@ def stack(tokenizer: Any) -> OpenStack:
             async with (
                 EngineClient(client_config) as client,
                 Router(
-                    [e.url for e in opened], client, RouterConfig(max_inflight_per_engine=4)
+                    [*before, *(e.url for e in opened)],
+                    client,
+                    router_config or RouterConfig(max_inflight_per_engine=4),
                 ) as router,
             ):
                 context = TextContext(

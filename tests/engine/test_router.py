@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import anyio
@@ -24,6 +24,7 @@ from miles_lite.errors import (
     EngineUnavailableError,
 )
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
+from tests.polling import wait_until
 
 if sys.version_info < (3, 11):
     from exceptiongroup import ExceptionGroup
@@ -64,14 +65,6 @@ async def client() -> AsyncIterator[EngineClient]:
     config = EngineClientConfig(total_timeout_s=2.0, retry=RetryPolicy(max_attempts=1))
     async with EngineClient(config) as engine_client:
         yield engine_client
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 3.0) -> None:
-    with anyio.fail_after(timeout_s):
-        while True:
-            if condition():
-                return
-            await anyio.sleep(0.005)
 
 
 async def fail_lease(router: Router, error: Exception, key: str | None = None) -> str:

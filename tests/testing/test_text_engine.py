@@ -20,6 +20,7 @@ from miles_lite.testing import (
     token_logprob,
     wire_shape,
 )
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -142,14 +143,6 @@ async def test_abort_by_rid_prefix_returns_partial_output_and_loads_go_idle(
         assert meta["finish_reason"]["type"] == "abort" and meta["id"] == rid
         assert 0 < meta["completion_tokens"] < 500
     assert loads["loads"][0]["num_running_reqs"] == loads["loads"][0]["num_waiting_reqs"] == 0
-
-
-async def wait_until(condition: Any, timeout_s: float = 5.0) -> None:
-    with anyio.fail_after(timeout_s):
-        while True:
-            if condition():
-                return
-            await anyio.sleep(0.005)
 
 
 async def post_get(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:

@@ -64,21 +64,31 @@ OpenState = Callable[..., AbstractAsyncContextManager[tuple[Direct, TextStandInE
 
 @pytest.fixture
 def text_state(tokenizer: Any) -> OpenState:
-    """``async with text_state(**TextContext fields, engine=TextStandInConfig) as (direct,
-    engine)``: a :class:`Direct` over a Router and EngineClient pointing at one stand-in
-    on loopback."""
+    """``async with text_state(**TextContext fields, engine=TextStandInConfig,
+    max_inflight_per_engine=8, client=EngineClientConfig) as (direct, engine)``: a
+    :class:`Direct` over a Router and EngineClient pointing at one stand-in on loopback."""
 
     @asynccontextmanager
     async def open_state(
-        *, engine: TextStandInConfig | None = None, **context_fields: Any
+        *,
+        engine: TextStandInConfig | None = None,
+        max_inflight_per_engine: int = 8,
+        client: EngineClientConfig | None = None,
+        **context_fields: Any,
     ) -> AsyncIterator[tuple[Direct, TextStandInEngine]]:
         config = engine or TextStandInConfig(policy=TextPolicy(rules=RULES))
         stand_in = TextStandInEngine(config, tokenizer)
         await stand_in.__aenter__()
         try:
             async with (
-                EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client,
-                Router([stand_in.url], client, RouterConfig(max_inflight_per_engine=8)) as router,
+                EngineClient(
+                    client or EngineClientConfig(retry=RetryPolicy(max_attempts=1))
+                ) as engine_client,
+                Router(
+                    [stand_in.url],
+                    engine_client,
+                    RouterConfig(max_inflight_per_engine=max_inflight_per_engine),
+                ) as router,
             ):
                 context = TextContext(tokenizer=tokenizer, router=router, **context_fields)
                 yield Direct(context, RunContext(0)), stand_in

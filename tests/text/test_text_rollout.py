@@ -95,6 +95,36 @@ async def test_oversampling_keeps_the_target_aborts_the_rest_and_a_second_run_re
         sample.validate()
 
 
+async def test_without_abort_all_each_rid_is_aborted_at_the_engine_that_holds_it(
+    text_rollout: OpenRollout,
+) -> None:
+    slow = TextStandInConfig(
+        token_latency_s=0.005, policy=TextPolicy(rules=RULES, default_length=400)
+    )
+    async with text_rollout(
+        engines=2,
+        engine_config=slow,
+        max_new_tokens=300,
+        n_samples_per_prompt=2,
+        rollout_batch_size=1,
+        over_sampling_batch_size=4,
+        abort_all_on_stop=False,
+    ) as (rollout, engines):
+        result = await rollout.run(["What is 2+3?", "slow one", "slow two", "slow three"])
+    assert len(result.groups) == 1
+    aborted = {s.request_id for g in result.partial for s in g}
+    sent_to = [set(engine.stats.rids_seen) for engine in engines]
+    assert all(sent_to), "both engines generated"
+    seen_aborts: set[str] = set()
+    for engine, rids in zip(engines, sent_to, strict=True):
+        bodies = engine.stats.aborts
+        assert not any(body.get("abort_all") for body in bodies)
+        asked = {body["rid"] for body in bodies}
+        assert asked and asked <= rids  # its own rids only, never another engine's
+        seen_aborts |= asked
+    assert aborted <= seen_aborts
+
+
 async def test_weight_versions_are_recorded_per_sample(text_rollout: OpenRollout) -> None:
     async with text_rollout() as (rollout, (engine,)):
         before = await rollout.run(["What is 2+3?"])

@@ -36,16 +36,26 @@ def token_logprob(position: int, token: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class TextRule:
-    """Answer ``response`` when ``pattern`` (a regex) is found in the prompt's last turn."""
+    """Answer ``response`` when ``pattern`` (a regex) is found in the prompt's last turn.
+
+    ``token_ids``, when given, is the answer instead (EOS still follows): a model's own
+    tokens, which need not be the tokenizer's spelling of their text (three ``\n`` tokens
+    where the tokenizer spells ``\n\n\n`` as one).
+    """
 
     pattern: str
-    response: str
+    response: str = ""
+    token_ids: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         try:
             re.compile(self.pattern)
         except re.error as exc:
             raise ValueError(f"TextRule.pattern {self.pattern!r} is not a regex: {exc}") from exc
+        if not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.token_ids
+        ):
+            raise ValueError(f"TextRule.token_ids must be ints >= 0, got {self.token_ids!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +96,9 @@ class TextPolicy:
             last_turn = _last_turn(text)
             for rule in self.rules:
                 if re.search(rule.pattern, last_turn):
-                    ids = list(tokenizer.encode(rule.response, add_special_tokens=False))
+                    ids = list(rule.token_ids) or list(
+                        tokenizer.encode(rule.response, add_special_tokens=False)
+                    )
                     return ids + ([_eos_id(tokenizer)] if self.eos else [])
         digest = hashlib.blake2b(digest_size=8)
         digest.update(f"{self.seed}:{seed if seed is not None else rid}:".encode())
