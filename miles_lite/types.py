@@ -146,6 +146,15 @@ class Sample:
     inference_time_s: float | None = None
     peak_memory_mb: float | None = None
 
+    @property
+    def effective_response_length(self) -> int:
+        """The model's own tokens in the response: ``sum(loss_mask)`` (tool output and
+        template text between turns have mask 0), or ``response_length`` without a mask.
+        The one length the ``rollout/response_len/*`` metrics use, as miles does."""
+        if self.loss_mask is None:
+            return self.response_length
+        return sum(self.loss_mask)
+
     def fail(self, error: MilesLiteError) -> None:
         """Mark this sample FAILED because of ``error`` (kept in ``self.error``)."""
         self.status = SampleStatus.FAILED

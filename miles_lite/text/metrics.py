@@ -17,12 +17,13 @@ def text_metrics(
     """``rollout/response_len/*``, ``rollout/truncated_ratio``, ``rollout/zero_std/*``,
     weight versions, TITO mismatches and, given the rollout time, ``perf/tokens_per_sec``.
 
-    Response lengths are effective ones (``sum(loss_mask)``: model tokens, not tool
-    output), as miles logs them. FAILED samples are left out of length statistics.
+    Response lengths are :attr:`~miles_lite.types.Sample.effective_response_length`
+    (model tokens, not tool output), as miles logs them; ``perf/tokens_per_sec`` counts
+    every response token. FAILED samples are left out of length statistics.
     """
     metrics: dict[str, float] = {}
     live = [s for s in samples if s.status is not SampleStatus.FAILED]
-    lengths = [_effective_length(s) for s in live]
+    lengths = [s.effective_response_length for s in live]
     if lengths:
         metrics["rollout/response_len/mean"] = statistics.fmean(lengths)
         metrics["rollout/response_len/median"] = float(statistics.median(lengths))
@@ -50,12 +51,6 @@ def text_metrics(
             bool(session.tito_mismatches) for session in sessions
         ) / len(sessions)
     return metrics
-
-
-def _effective_length(sample: Sample) -> int:
-    if sample.loss_mask is None:
-        return sample.response_length
-    return sum(sample.loss_mask)
 
 
 def _zero_std(samples: list[Sample], reward_key: str | None) -> dict[str, float]:

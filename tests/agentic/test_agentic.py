@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -82,6 +83,12 @@ async def test_agent_samples_are_merged_trajectories_with_the_agents_reward(
         assert len(sample.loss_mask) == sample.response_length
         assert sample.prompt == ADD
     assert result.metrics["rollout/tito_session_mismatch_rate"] == 0.0
+    # One length: the metric is the mean of the samples' effective lengths (model tokens;
+    # the tool output between turns is masked out), not of response_length.
+    effective = [s.effective_response_length for s in result.samples]
+    assert effective == [sum(s.loss_mask or []) for s in result.samples]
+    assert result.metrics["rollout/response_len/mean"] == statistics.fmean(effective)
+    assert all(e < s.response_length for e, s in zip(effective, result.samples, strict=True))
     # the engine saw chat requests only, with the rollout's max_new_tokens as max_tokens
     assert engine.stats.chat_requests == 4
     assert all(body.get("max_tokens") == 64 for body in engine.stats.requests)

@@ -12,7 +12,9 @@ import aiohttp
 import anyio
 import openai
 import pytest
+from aiohttp import web
 
+from miles_lite._core.serve import serve_app
 from miles_lite.agentic.server import SessionServerConfig
 from miles_lite.engine.config import RouterConfig
 from miles_lite.testing import TextPolicy, TextStandInConfig
@@ -346,3 +348,45 @@ async def test_idle_sessions_expire_and_records_are_kept_compact(
     assert held == trajectory
     full = sum(r.prefix_len + len(r.prompt_ids) + len(r.output_ids) for r in records)
     assert full > 8 * held  # what keeping each whole prompt would hold
+
+
+async def test_an_engine_that_ignores_input_ids_is_caught(
+    stack: OpenStack, clients: Clients
+) -> None:
+    """An engine that templates the messages instead of running the ids sent (an SGLang
+    without chat input_ids): the turn is a 502 saying so, never a silently wrong record."""
+    async with stack() as real, aiohttp.ClientSession() as http:
+        target = real.engines[0].url
+
+        async def forward(request: web.Request) -> web.Response:
+            body = await request.json()
+            body.pop("input_ids", None)  # ignored, as an older engine would
+            async with http.post(f"{target}{request.path}", json=body) as resp:
+                return web.Response(
+                    status=resp.status, body=await resp.read(), content_type="application/json"
+                )
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_post(CHAT, forward)
+        app.router.add_get("/health", health)
+        runner, url = await serve_app(app, "127.0.0.1", 0)
+        try:
+            async with stack(engines=0, before=[url]) as s:
+                session = await s.server.open_session(s.run)
+                oa = clients(session.base_url)
+                messages: list[dict[str, Any]] = [{"role": "user", "content": "Think first"}]
+                answer = await oa.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+                messages += [
+                    answer.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "And now?"},
+                ]
+                with pytest.raises(openai.APIStatusError) as caught:
+                    await oa.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+                assert caught.value.status_code == 502
+                assert "another prompt than the input_ids sent" in str(caught.value)
+                assert len(s.server.records(session.id)) == 1
+        finally:
+            await runner.cleanup()

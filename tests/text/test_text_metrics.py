@@ -29,6 +29,7 @@ def test_lengths_are_effective_and_failed_samples_are_left_out() -> None:
     assert m["rollout/response_len/mean"] == 4.0
     assert (m["rollout/response_len/min"], m["rollout/response_len/max"]) == (2.0, 6.0)
     assert m["perf/tokens_per_sec"] == 5.0 and m["perf/effective_tokens_per_sec"] == 4.0
+    assert [s.effective_response_length for s in samples[:2]] == [2, 6]
 
 
 def test_truncated_ratio_and_zero_std_groups_by_reward_key() -> None:
