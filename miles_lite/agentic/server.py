@@ -44,13 +44,8 @@ from miles_lite.agentic.config import (
     SessionServerConfig,
     SessionServerStatistics,
 )
-from miles_lite.agentic.openai_wire import (
-    abort_answer,
-    as_chunk,
-    error_response,
-    passthrough,
-    too_large,
-)
+from miles_lite.agentic.http_io import Refused, bearer, read_chat_body, refuse, write_answer
+from miles_lite.agentic.openai_wire import abort_answer, passthrough
 from miles_lite.agentic.turns import (
     BadTurn,
     Trajectory,
@@ -73,7 +68,7 @@ _log = logging.getLogger(__name__)
 
 #: The chat endpoint of the engines.
 CHAT_PATH = "/v1/chat/completions"
-#: Bodies larger than this are parsed in a worker thread, not on the event loop.
+#: Engine answers larger than this are parsed in a worker thread, not on the event loop.
 _OFF_LOOP_JSON_BYTES = 64 * 1024
 #: Answers with more output tokens than this are encoded in a worker thread.
 _OFF_LOOP_ANSWER_TOKENS = 1024
@@ -94,14 +89,6 @@ class _Session:
     rid: str | None = None
     url: str | None = None
     engine_errors: int = 0
-
-
-class _Reply(Exception):
-    """An answer to the agent that ends request handling early (an error, an abort)."""
-
-    def __init__(self, response: web.Response) -> None:
-        super().__init__(response.status)
-        self.response = response
 
 
 class SessionServer(AsyncResource):
@@ -184,7 +171,7 @@ class SessionServer(AsyncResource):
 
     async def _open(self) -> None:
         config = self._config
-        app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._guard_host])
+        app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._edge])
         app.router.add_post("/sessions", self._h_create)
         app.router.add_get("/sessions/{sid}", self._h_get)
         app.router.add_delete("/sessions/{sid}", self._h_delete)
@@ -310,55 +297,54 @@ class SessionServer(AsyncResource):
             id=session.id, base_url=f"{self._url}/sessions/{session.id}/v1", api_key=session.key
         )
 
-    # -- guards ------------------------------------------------------------------------------
+    # -- the edge ----------------------------------------------------------------------------
 
     @web.middleware
-    async def _guard_host(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        # A page in the user's browser can reach a loopback port through a name it
-        # controls (DNS rebinding): a loopback server answers loopback names only.
-        if self._config.loopback:
-            host = (request.host or "").rsplit(":", 1)[0].strip("[]")
-            if host not in LOOPBACK_HOSTS:
-                self._counts["unauthorized"] += 1
-                return error_response(
-                    403,
-                    f"Host {request.host!r} is not served: this session server listens on"
-                    " loopback and answers loopback names only",
-                    "permission_error",
-                )
-        response: web.StreamResponse = await handler(request)
+    async def _edge(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every request: the Host check, then the handler; a :class:`Refused` it raises
+        is answered and counted here."""
+        try:
+            # A page in the user's browser can reach a loopback port through a name it
+            # controls (DNS rebinding): a loopback server answers loopback names only.
+            if self._config.loopback:
+                host = (request.host or "").rsplit(":", 1)[0].strip("[]")
+                if host not in LOOPBACK_HOSTS:
+                    raise refuse(
+                        403,
+                        f"Host {request.host!r} is not served: this session server listens"
+                        " on loopback and answers loopback names only",
+                        "unauthorized",
+                        "permission_error",
+                    )
+            response: web.StreamResponse = await handler(request)
+        except Refused as refused:
+            if refused.counter is not None:
+                self._counts[refused.counter] += 1
+            return refused.response
         return response
 
     def _check_management(self, request: web.Request) -> None:
-        if _bearer(request) != self.management_token:
-            self._counts["unauthorized"] += 1
-            raise _Reply(
-                error_response(
-                    401,
-                    "session management needs the server's management token "
-                    "(Authorization: Bearer <SessionServer.management_token>)",
-                    "authentication_error",
-                )
+        if bearer(request) != self.management_token:
+            raise refuse(
+                401,
+                "session management needs the server's management token "
+                "(Authorization: Bearer <SessionServer.management_token>)",
+                "unauthorized",
+                "authentication_error",
             )
 
     # -- handlers ----------------------------------------------------------------------------
 
     async def _h_create(self, request: web.Request) -> web.Response:
-        try:
-            self._check_management(request)
-        except _Reply as reply:
-            return reply.response
+        self._check_management(request)
         session = await self.open_session()
         return web.json_response(
             {"session_id": session.id, "base_url": session.base_url, "api_key": session.api_key}
         )
 
     async def _h_get(self, request: web.Request) -> web.Response:
-        try:
-            self._check_management(request)
-            session = self._by_id(request.match_info["sid"])
-        except _Reply as reply:
-            return reply.response
+        self._check_management(request)
+        session = self._by_id(request.match_info["sid"])
         records = [record.to_json() for record in session.records]
         return web.json_response(
             {
@@ -369,35 +355,26 @@ class SessionServer(AsyncResource):
         )
 
     async def _h_delete(self, request: web.Request) -> web.Response:
-        try:
-            self._check_management(request)
-            session = self._by_id(request.match_info["sid"])
-        except _Reply as reply:
-            return reply.response
+        self._check_management(request)
+        session = self._by_id(request.match_info["sid"])
         await self.close_session(session.id)
         return web.Response(status=204)
 
     async def _h_models_path(self, request: web.Request) -> web.Response:
-        try:
-            self._by_path(request)
-        except _Reply as reply:
-            return reply.response
+        self._by_path(request)
         return self._models()
 
     async def _h_models_key(self, request: web.Request) -> web.Response:
-        try:
-            self._by_key_header(request)
-        except _Reply as reply:
-            return reply.response
+        self._by_key_header(request)
         return self._models()
 
     async def _h_unknown(self, request: web.Request) -> web.Response:
-        self._counts["not_found"] += 1
-        return error_response(
+        raise refuse(
             404,
             f"{request.method} {request.path} is not served here; a session serves "
             "POST .../v1/chat/completions and GET .../v1/models under /sessions/<id> (or /v1 "
             "with its API key)",
+            "not_found",
             "not_found_error",
         )
 
@@ -411,83 +388,67 @@ class SessionServer(AsyncResource):
         return web.json_response({"object": "list", "data": [model]})
 
     async def _h_chat_path(self, request: web.Request) -> web.StreamResponse:
-        try:
-            session = self._by_path(request)
-        except _Reply as reply:
-            return reply.response
-        return await self._chat(request, session)
+        return await self._chat(request, self._by_path(request))
 
     async def _h_chat_key(self, request: web.Request) -> web.StreamResponse:
-        try:
-            session = self._by_key_header(request)
-        except _Reply as reply:
-            return reply.response
-        return await self._chat(request, session)
+        return await self._chat(request, self._by_key_header(request))
 
     def _by_id(self, sid: str) -> _Session:
         session = self._sessions.get(sid)
         if session is None:
-            self._counts["not_found"] += 1
-            raise _Reply(
-                error_response(
-                    404,
-                    f"session {sid!r} is unknown, expired or closed; open one with POST "
-                    "/sessions and use the base URL it returns",
-                    "not_found_error",
-                )
+            raise refuse(
+                404,
+                f"session {sid!r} is unknown, expired or closed; open one with POST "
+                "/sessions and use the base URL it returns",
+                "not_found",
+                "not_found_error",
             )
         return session
 
     def _by_path(self, request: web.Request) -> _Session:
         if not self._config.loopback:
-            self._counts["unauthorized"] += 1
-            raise _Reply(
-                error_response(
-                    401,
-                    "session URLs are off on a server other hosts can reach: use /v1 with "
-                    "Authorization: Bearer <session api_key>",
-                    "authentication_error",
-                )
+            raise refuse(
+                401,
+                "session URLs are off on a server other hosts can reach: use /v1 with "
+                "Authorization: Bearer <session api_key>",
+                "unauthorized",
+                "authentication_error",
             )
         return self._by_id(request.match_info["sid"])
 
     def _by_key_header(self, request: web.Request) -> _Session:
-        key = _bearer(request)
+        key = bearer(request)
         if not key:
-            self._counts["unauthorized"] += 1
-            raise _Reply(
-                error_response(
-                    401,
-                    "no session key: send 'Authorization: Bearer <session api_key>' (from POST "
-                    "/sessions), or use the session's own base URL /sessions/<id>/v1",
-                    "authentication_error",
-                )
+            raise refuse(
+                401,
+                "no session key: send 'Authorization: Bearer <session api_key>' (from POST "
+                "/sessions), or use the session's own base URL /sessions/<id>/v1",
+                "unauthorized",
+                "authentication_error",
             )
         session = self._by_key.get(key)
         if session is None:
-            self._counts["not_found"] += 1
-            raise _Reply(
-                error_response(
-                    404,
-                    "the session of this API key is unknown, expired or closed; open a new one",
-                    "not_found_error",
-                )
+            raise refuse(
+                404,
+                "the session of this API key is unknown, expired or closed; open a new one",
+                "not_found",
+                "not_found_error",
             )
         return session
 
     async def _chat(self, request: web.Request, session: _Session) -> web.StreamResponse:
         # The body first: a slow one must not hold the session busy (its real turn would
         # get a 409); it is bounded by body_timeout_s.
-        try:
-            body = await self._read_body(request)
-        except _Reply as reply:
-            return reply.response
+        config = self._config
+        body = await read_chat_body(
+            request, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s
+        )
         if session.busy:
-            self._counts["conflicts"] += 1
-            return error_response(
+            raise refuse(
                 409,
                 f"session {session.id} already has a chat request in flight; a session is one "
                 "conversation: wait for the answer, or open another session for parallel work",
+                "conflicts",
                 "conflict_error",
             )
         session.busy = True
@@ -495,8 +456,6 @@ class SessionServer(AsyncResource):
         self._counts["requests"] += 1
         try:
             return await self._serve(request, session, body)
-        except _Reply as reply:
-            return reply.response
         finally:
             session.busy = False
             session.rid = None
@@ -508,18 +467,17 @@ class SessionServer(AsyncResource):
         stream = body.get("stream", False)
         if session.aborted or session.closed or (session.run is not None and session.run.stopping):
             self._counts["aborted_answers"] += 1
-            return await self._answer(request, abort_answer(self._model(body)), stream is True)
+            return await write_answer(request, abort_answer(self._model(body)), stream is True)
         rid = new_rid()
         try:
             payload = engine_payload(body, self._sampling, rid=rid)
         except BadTurn as bad:
-            self._counts["refused"] += 1
-            raise _Reply(error_response(400, bad.message, param=bad.param)) from None
+            raise refuse(400, bad.message, "refused", param=bad.param) from None
         sent = await self._token_in(session, body, payload)
         forwarded = await self._forward(session, payload, rid)
         if forwarded is None:  # the run stopped while the turn waited for an engine slot
             self._counts["aborted_answers"] += 1
-            return await self._answer(request, abort_answer(self._model(body)), stream)
+            return await write_answer(request, abort_answer(self._model(body)), stream)
         answer, url = forwarded
         try:
             record = record_from_choice(
@@ -537,15 +495,14 @@ class SessionServer(AsyncResource):
                     request_id=rid,
                 )
         except EngineError as exc:
-            self._counts["engine_errors"] += 1
             session.engine_errors += 1
-            raise _Reply(error_response(502, str(exc), "upstream_error")) from exc
+            raise refuse(502, str(exc), "engine_errors", "upstream_error") from exc
         if not session.closed:
             self._record(session, record, body, answer)
         large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
         # The engine's answer as it is: OpenAI clients ignore the extra fields, and agents
         # that read ids or meta_info can.
-        return await self._answer(request, answer, stream, large)
+        return await write_answer(request, answer, stream, large)
 
     async def _token_in(
         self, session: _Session, body: dict[str, Any], payload: dict[str, Any]
@@ -573,9 +530,8 @@ class SessionServer(AsyncResource):
                 template_kwargs=kwargs if isinstance(kwargs, dict) else None,
             )
         except Exception as exc:  # the template refused the agent's messages
-            self._counts["refused"] += 1
-            raise _Reply(
-                error_response(400, f"cannot apply the chat template: {exc}", param="messages")
+            raise refuse(
+                400, f"cannot apply the chat template: {exc}", "refused", param="messages"
             ) from exc
         ids = [*trajectory.ids, *await encode(self._context, text)]
         payload["input_ids"] = ids
@@ -606,64 +562,6 @@ class SessionServer(AsyncResource):
             render_key=render_key(body),
             turn_ended=bool(output) and output[-1] == self._end_of_turn_id,
         )
-
-    async def _read_body(self, request: web.Request) -> dict[str, Any]:
-        limit = self._config.max_body_bytes
-        if request.content_type != "application/json":
-            self._counts["refused"] += 1
-            raise _Reply(
-                error_response(
-                    415,
-                    f"Content-Type {request.content_type!r}: send application/json",
-                    "invalid_request_error",
-                )
-            )
-        if request.content_length is not None and request.content_length > limit:
-            self._counts["too_large"] += 1
-            raise _Reply(too_large(request.content_length, limit))
-        try:
-            with anyio.fail_after(self._config.body_timeout_s):
-                raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            self._counts["too_large"] += 1
-            raise _Reply(too_large(None, limit)) from None
-        except TimeoutError:
-            self._counts["refused"] += 1
-            raise _Reply(
-                error_response(
-                    408,
-                    f"the request body did not arrive within {self._config.body_timeout_s} s",
-                )
-            ) from None
-        try:
-            if len(raw) > _OFF_LOOP_JSON_BYTES:
-                body = await anyio.to_thread.run_sync(_json.loads_strict, raw)
-            else:
-                body = _json.loads_strict(raw)
-        except ValueError as exc:
-            self._counts["refused"] += 1
-            raise _Reply(
-                error_response(
-                    400, f"request body is not JSON ({exc}); send a chat.completions body"
-                )
-            ) from None
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            self._counts["refused"] += 1
-            raise _Reply(
-                error_response(
-                    400,
-                    "request body must be a JSON object with a 'messages' list",
-                    param="messages",
-                )
-            )
-        if not body["messages"]:
-            self._counts["refused"] += 1
-            raise _Reply(
-                error_response(
-                    400, "'messages' is empty; send at least one message", param="messages"
-                )
-            )
-        return body
 
     def _model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
@@ -704,18 +602,16 @@ class SessionServer(AsyncResource):
                 return None
         except EngineStatusError as exc:
             finished = True
-            self._counts["engine_errors"] += 1
             session.engine_errors += 1
-            raise _Reply(passthrough(exc)) from exc
+            raise Refused(passthrough(exc), "engine_errors") from exc
         except EngineError as exc:
             finished = True
-            self._counts["engine_errors"] += 1
             session.engine_errors += 1
             if not exc.retryable and url:
                 # It reached the engine (a timeout, a reset): stop it generating there.
                 self._counts["timeout_aborts"] += 1
                 await self._abort_rid(url, rid)
-            raise _Reply(error_response(502, f"engine failed: {exc}", "upstream_error")) from exc
+            raise refuse(502, f"engine failed: {exc}", "engine_errors", "upstream_error") from exc
         finally:
             if not finished and url:
                 # The agent went away (or the request was cancelled): stop the generation.
@@ -727,42 +623,17 @@ class SessionServer(AsyncResource):
                 return await anyio.to_thread.run_sync(_json.loads, data), url
             return _json.loads(data), url
         except ValueError as exc:
-            self._counts["engine_errors"] += 1
             session.engine_errors += 1
-            raise _Reply(
-                error_response(
-                    502, f"engine {url} answered non-JSON to rid {rid}: {exc}", "upstream_error"
-                )
+            raise refuse(
+                502,
+                f"engine {url} answered non-JSON to rid {rid}: {exc}",
+                "engine_errors",
+                "upstream_error",
             ) from exc
 
     async def _abort_rid(self, url: str, rid: str) -> None:
         # Best effort: the engine is gone or busy; the rollout's own abort repeats.
         await abort_request(self._router.client, url, rid, timeout_s=self._config.abort_timeout_s)
-
-    async def _answer(
-        self, request: web.Request, answer: dict[str, Any], stream: bool, large: bool = False
-    ) -> web.StreamResponse:
-        payload = as_chunk(answer) if stream else answer
-        if large:
-            # Thousands of per-token log-prob entries take tens of ms to encode.
-            text = await anyio.to_thread.run_sync(lambda: _json.dumps(payload, strict=False))
-        else:
-            text = _json.dumps(payload, strict=False)
-        if not stream:
-            return web.Response(body=text, content_type="application/json")
-        # The whole answer as one chunk, then [DONE] (as miles): ids and log-probs need the
-        # complete answer, which SGLang does not stream.
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: " + text + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-
-def _bearer(request: web.Request) -> str:
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" else ""
 
 
 async def _cleanup(runner: web.AppRunner) -> None:
