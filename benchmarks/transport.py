@@ -117,7 +117,7 @@ class Workload:
         )
 
     def sampling(self) -> DiffusionSamplingParams:
-        sde = list(range(self.sde_steps)) if self.sde_steps else None
+        sde = list(range(min(self.sde_steps, self.steps))) if self.sde_steps else None
         return DiffusionSamplingParams(num_inference_steps=self.steps, rollout_sde_step_indices=sde)
 
     def sample_bytes(self) -> int:
@@ -614,6 +614,14 @@ PRESETS = {
 CHARTS = {"default": Path("benchmarks/transport.png")}
 
 
+def chart_path(preset: str, out: str | None) -> Path:
+    """``out`` if given; else the README's chart for the default preset, and a file in the
+    temporary directory for the others (a quick run never replaces the README's chart)."""
+    if out:
+        return Path(out)
+    return CHARTS.get(preset) or Path(tempfile.gettempdir()) / f"miles_lite-transport-{preset}.png"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -648,9 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; known: {list(MODES)}")
-    out = Path(args.out) if args.out else CHARTS.get(name)
-    if out is None:
-        out = Path(tempfile.gettempdir()) / f"miles_lite-transport-{name}.png"
+    out = chart_path(name, args.out)
     rollout_bytes = work.rollout_bytes()
     width = work.latent_width or work.latent_size
     print(
