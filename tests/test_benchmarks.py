@@ -9,9 +9,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Engines and pools start once per mode: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(300)
 def test_transport_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> None:
     chart = tmp_path / "transport.png"
     msgpack_modes = {"msgpack-pool", "msgpack-fetch", "msgpack-inline"}
@@ -44,6 +48,8 @@ def test_transport_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> 
     assert "vs naive" in out.stdout and chart.stat().st_size > 10_000
 
 
+# Engines and pools start once per mode: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(300)
 def test_the_ltx_shaped_preset_runs_and_keeps_every_body_in_the_arena(tmp_path: Path) -> None:
     # The preset's shape (non-square latents, a 32x VAE, 3 SDE steps), shrunk: 1 prompt x 2
     # samples, 9 frames, 2 short steps.
