@@ -35,6 +35,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -83,14 +84,20 @@ class Workload:
     dtype: str
     parser_workers: int
     repeats: int
+    #: Latent width when it differs from its height (``latent_size``); 0: square.
+    latent_width: int = 0
+    #: Pixels per latent cell: the decoded output is [3, frames, H * this, W * this].
+    vae_scale_factor: int = 2
+    #: Steps that carry log-probs and debug tensors (the first ones); 0: every step.
+    sde_steps: int = 0
 
     def engine_config(self, wire: str, *, tiny: bool = False) -> StandInConfig:
-        size = 2 if tiny else self.latent_size
         return StandInConfig(
             wire=wire,  # type: ignore[arg-type]
             latent_channels=1 if tiny else self.channels,
-            latent_height=size,
-            latent_width=size,
+            latent_height=2 if tiny else self.latent_size,
+            latent_width=2 if tiny else self.latent_width or self.latent_size,
+            vae_scale_factor=2 if tiny else self.vae_scale_factor,
             num_frames=1 if tiny else self.frames,
             dtype=self.dtype,  # type: ignore[arg-type]
             step_latency_s=self.step_latency_s,
@@ -103,27 +110,33 @@ class Workload:
         return DiffusionRolloutConfig(
             n_samples_per_prompt=self.samples_per_prompt,
             microgroup_size=self.microgroup_size,
-            sampling=DiffusionSamplingParams(num_inference_steps=self.steps),
+            sampling=self.sampling(),
             transport=mode["transport"],
             fetch_in_parser=mode["fetch_in_parser"],
             reward="mean",
         )
 
-    def rollout_bytes(self) -> int:
-        """Tensor bytes of one rollout (msgpack form), from the stand-in's own accounting."""
+    def sampling(self) -> DiffusionSamplingParams:
+        sde = list(range(min(self.sde_steps, self.steps))) if self.sde_steps else None
+        return DiffusionSamplingParams(num_inference_steps=self.steps, rollout_sde_step_indices=sde)
+
+    def sample_bytes(self) -> int:
+        """Tensor bytes of one sample (msgpack form), from the stand-in's own accounting."""
         from miles_lite.testing import RolloutRequest
 
         config = self.engine_config("msgpack")
-        request = RolloutRequest.parse(
-            {
-                "prompt": "x",
-                "seed": 0,
-                "num_inference_steps": self.steps,
-                "num_outputs_per_prompt": 1,
-            },
-            config,
-        )
-        return request.tensor_bytes(config) * self.prompts * self.samples_per_prompt
+        payload = {**self.sampling().to_payload(), "prompt": "x", "seed": 0}
+        request = RolloutRequest.parse({**payload, "num_outputs_per_prompt": 1}, config)
+        return request.tensor_bytes(config)
+
+    def rollout_bytes(self) -> int:
+        """Tensor bytes of one rollout."""
+        return self.sample_bytes() * self.prompts * self.samples_per_prompt
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the router lets the engines hold at once (see run_mode)."""
+        return self.engines * 2 * self.engine_concurrency
 
 
 def output_mean(samples: list[Sample]) -> list[float]:
@@ -146,6 +159,8 @@ class Measure:
     spills: float = 0.0
     pickled_bytes: float = 0.0
     gc_max_ms: float = 0.0
+    #: The machine's 1-minute load average when the mode started and ended (2 cores).
+    load: tuple[float, float] = (0.0, 0.0)
 
 
 class MemorySampler:
@@ -280,7 +295,7 @@ async def run_mode(
         # One more request queued per slot, as SGLang's scheduler would hold it: a slot
         # starts the next generation while the previous body is still on the wire.
         engines=EngineConfig(
-            router=RouterConfig(max_inflight_per_engine=2 * work.engine_concurrency),
+            router=RouterConfig(max_inflight_per_engine=work.in_flight // work.engines),
             client=client,
         ),
         parser=parser,
@@ -308,9 +323,14 @@ def arena_bytes(name: str, work: Workload) -> int:
     """Room for a whole rollout's tensors (the benchmark keeps them, as a trainer would).
 
     base64/JSON bodies are a third larger than their tensors and shrink once decoded in
-    place, leaving holes that later bodies do not fit: give those modes half as much again.
+    place, leaving holes that later bodies do not fit: give json-pool half as much again.
+    json-inline decodes out of the arena into private memory: its arena holds only the
+    bodies in flight.
     """
     total = work.rollout_bytes()
+    if name == "json-inline":
+        body = math.ceil(work.sample_bytes() * work.microgroup_size * 4 / 3)
+        return int(work.in_flight * body * 1.1) + (64 << 20)
     extra = total // 2 if MODES.get(name, {}).get("wire") == "json" else 0
     return int(total * 1.1) + extra + (64 << 20)
 
@@ -319,9 +339,12 @@ def run_with_engines(name: str, work: Workload) -> Measure:
     tiny = name == "gen-only"
     wire = "msgpack" if tiny else MODES[name]["wire"]
     configs = [work.engine_config(wire, tiny=tiny)] * work.engines
+    load = os.getloadavg()[0]
     with EngineProcessGroup(configs) as group:
         pids = {p.pid for p in group.processes if p.pid is not None}
-        return run_sync(run_mode, name, work, group.urls, pids, arena_bytes(name, work))
+        m = run_sync(run_mode, name, work, group.urls, pids, arena_bytes(name, work))
+    m.load = (load, os.getloadavg()[0])
+    return m
 
 
 async def handoff(size_bytes: int, workers: int) -> dict[str, float]:
@@ -369,8 +392,33 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
+def commit() -> str:
+    """The checked-out commit (with ``+dirty`` for uncommitted changes), or ``unknown``."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
 def report(
-    results: dict[str, Measure], lower: float, hand: dict[str, float], work: Workload, out: Path
+    results: dict[str, Measure],
+    lower: float,
+    lower_load: tuple[float, float],
+    hand: dict[str, float],
+    work: Workload,
+    out: Path,
 ) -> dict[str, Any]:
     naive = results[NAIVE].rollout_time if NAIVE in results else float("nan")
     rows = []
@@ -395,6 +443,7 @@ def report(
                 "arena_spills": m.spills,
                 "pickled_bytes": m.pickled_bytes,
                 "gc_max_pause_ms": m.gc_max_ms,
+                "load_1m": list(m.load),
             }
         )
     cols = [
@@ -410,6 +459,7 @@ def report(
         ("peak_client_gb", "{:>7.2f}"),
         ("parser_max_queue_depth", "{:>5}"),
         ("wire_gb", "{:>6.2f}"),
+        ("load_1m", "{:>9}"),
     ]
     heads = [
         "mode",
@@ -424,6 +474,7 @@ def report(
         "mem GB",
         "depth",
         "wire GB",
+        "load",
     ]
     widths = [len(c[1].format(*([0] if c[0] != "mode" else [""]))) for c in cols]
     print()
@@ -437,18 +488,28 @@ def report(
         cells = []
         for key, fmt in cols:
             value = row[key]
-            cells.append(
-                fmt.format(value if value is not None else float("nan"))
-                if key != "parser_max_queue_depth"
-                else fmt.format("-" if value is None else int(value))
-            )
+            if key == "parser_max_queue_depth":
+                cells.append(fmt.format("-" if value is None else int(value)))
+            elif key == "load_1m":
+                cells.append(fmt.format("{:.1f}-{:.1f}".format(*value)))
+            else:
+                cells.append(fmt.format(value if value is not None else float("nan")))
         print("  ".join(cells))
     print(f"\nlower bound (gen-only, tiny bodies): {lower:.2f} s")
     print(
         f"hand-off, body in arena -> tensors in main process: {hand['handoff_gbps']:.1f} GB/s per worker "
         f"({hand['body_mb']:.0f} MB body); warm memcpy {hand['memcpy_gbps']:.1f} GB/s"
     )
-    summary = {"workload": work.__dict__, "lower_bound_s": lower, "handoff": hand, "modes": rows}
+    summary = {
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": commit(),
+        "workload": work.__dict__,
+        "rollout_gb": work.rollout_bytes() / 1e9,
+        "lower_bound_s": lower,
+        "lower_bound_load_1m": list(lower_load),
+        "handoff": hand,
+        "modes": rows,
+    }
     print(json.dumps(summary, default=float))
     chart(rows, lower, out)
     return summary
@@ -494,7 +555,7 @@ def chart(rows: list[dict[str, Any]], lower: float, out: Path) -> None:
     print(f"chart: {out}")
 
 
-DEFAULT = dict(
+DEFAULT: dict[str, Any] = dict(
     prompts=12,
     samples_per_prompt=4,
     microgroup_size=2,
@@ -508,7 +569,35 @@ DEFAULT = dict(
     dtype="bfloat16",
     parser_workers=2,
     repeats=1,
+    latent_width=0,
+    vae_scale_factor=2,
+    sde_steps=0,
 )
+#: The shape of miles' LTX-2.3 recipe (video GRPO, fetch_in_parser): 8 samples a prompt,
+#: one output per request (multi-output video bodies pipelined worse there), 57 frames at
+#: 512x768 bf16, 3 SDE steps a sample, requests that take long. A sample here holds the
+#: same bytes as one of LTX-2.3's: the decoded video [3, 57, 512, 768] (134 MB, most of
+#: the body) and 11 latents of 0.79 MB (10 steps; LTX-2.3's latent is [128, 8, 16, 24],
+#: the stand-in's [18, 57, 16, 24]: it does not compress time, so fewer channels give
+#: the same bytes), 3 of them per SDE step for debug tensors: ~150 MB a request.
+#: Scaled to this shared 24 GiB machine: 2 prompts (16 requests, 2.4 GB kept; the engines
+#: cache the bodies, the JSON modes need a third more) instead of the recipe's 8, and 5 s
+#: a generation instead of minutes, which makes the transfer a larger share of the
+#: rollout than on GPUs (a harsher test of the transport, not a kinder one).
+LTX = {
+    **DEFAULT,
+    "prompts": 2,
+    "samples_per_prompt": 8,
+    "microgroup_size": 1,
+    "steps": 10,
+    "step_latency_s": 0.5,
+    "channels": 18,
+    "frames": 57,
+    "latent_size": 16,
+    "latent_width": 24,
+    "vae_scale_factor": 32,
+    "sde_steps": 3,
+}
 PRESETS = {
     "default": DEFAULT,
     "quick": {
@@ -519,23 +608,47 @@ PRESETS = {
         "steps": 8,
         "step_latency_s": 0.04,
     },
+    "ltx": LTX,
 }
+#: Where a preset's chart goes unless --out says: only the default run replaces the
+#: chart the README shows.
+CHARTS = {"default": Path("benchmarks/transport.png")}
+
+
+def chart_path(preset: str, out: str | None) -> Path:
+    """``out`` if given; else the README's chart for the default preset, and a file in the
+    temporary directory for the others (a quick run never replaces the README's chart)."""
+    if out:
+        return Path(out)
+    return CHARTS.get(preset) or Path(tempfile.gettempdir()) / f"miles_lite-transport-{preset}.png"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small workload, under a minute")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="default",
+        help="the workload (default: %(default)s)",
+    )
+    parser.add_argument("--quick", action="store_true", help="--preset quick: under a minute")
     parser.add_argument(
         "--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES)
     )
-    parser.add_argument("--out", default="benchmarks/transport.png", help="PNG chart path")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="PNG chart path (default: benchmarks/transport.png for the default preset, "
+        "the temporary directory for the others)",
+    )
     parser.add_argument(
         "--handoff-mb", type=int, default=None, help="body size of the hand-off measure"
     )
-    for key, value in PRESETS["default"].items():
+    for key, value in DEFAULT.items():
         parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=None)
     args = parser.parse_args(argv)
-    preset = dict(PRESETS["quick" if args.quick else "default"])
+    name = "quick" if args.quick else args.preset
+    preset = dict(PRESETS[name])
     for key in preset:
         if getattr(args, key) is not None:
             preset[key] = getattr(args, key)
@@ -544,23 +657,31 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; known: {list(MODES)}")
+    out = chart_path(name, args.out)
     rollout_bytes = work.rollout_bytes()
+    width = work.latent_width or work.latent_size
     print(
-        f"workload: {work.prompts} prompts x {work.samples_per_prompt} samples, microgroups of "
-        f"{work.microgroup_size}, {work.engines} engines x {work.engine_concurrency} slots, "
-        f"{work.steps} steps x {work.step_latency_s} s, latents [{work.channels}, {work.frames}, "
-        f"{work.latent_size}, {work.latent_size}] {work.dtype}: {rollout_bytes / 1e9:.2f} GB of tensors a rollout",
+        f"workload {name}: {work.prompts} prompts x {work.samples_per_prompt} samples, "
+        f"microgroups of {work.microgroup_size}, {work.engines} engines x "
+        f"{work.engine_concurrency} slots, {work.steps} steps x {work.step_latency_s} s, "
+        f"latents [{work.channels}, {work.frames}, {work.latent_size}, {width}] {work.dtype}: "
+        f"{work.sample_bytes() / 1e6:.0f} MB a sample, {rollout_bytes / 1e9:.2f} GB of "
+        f"tensors a rollout; load {os.getloadavg()[0]:.1f}",
         file=sys.stderr,
     )
-    lower = run_with_engines("gen-only", work).rollout_time
+    gen_only = run_with_engines("gen-only", work)
+    lower = gen_only.rollout_time
     print(f"  gen-only lower bound: {lower:.2f} s", file=sys.stderr)
     results: dict[str, Measure] = {}
-    for name in modes:
-        results[name] = run_with_engines(name, work)
-        print(f"  {name}: {results[name].rollout_time:.2f} s", file=sys.stderr)
-    hand_mb = args.handoff_mb or (64 if args.quick else 512)
+    for mode in modes:
+        results[mode] = run_with_engines(mode, work)
+        print(
+            f"  {mode}: {results[mode].rollout_time:.2f} s (load {results[mode].load[1]:.1f})",
+            file=sys.stderr,
+        )
+    hand_mb = args.handoff_mb or (64 if name == "quick" else 512)
     hand = run_sync(handoff, hand_mb << 20, work.parser_workers)
-    report(results, lower, hand, work, Path(args.out))
+    report(results, lower, gen_only.load, hand, work, out)
     return 0
 
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Engines and pools start once per mode: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(300)
 def test_transport_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> None:
     chart = tmp_path / "transport.png"
     msgpack_modes = {"msgpack-pool", "msgpack-fetch", "msgpack-inline"}
@@ -40,6 +46,64 @@ def test_transport_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> 
         assert (modes[name]["arena_spills"], modes[name]["pickled_bytes"]) == (0, 0), name
     assert modes["json-inline"]["speedup_vs_naive"] == 1.0
     assert "vs naive" in out.stdout and chart.stat().st_size > 10_000
+
+
+# Engines and pools start once per mode: minutes on a loaded 2-core machine.
+@pytest.mark.timeout(300)
+def test_the_ltx_shaped_preset_runs_and_keeps_every_body_in_the_arena(tmp_path: Path) -> None:
+    # The preset's shape (non-square latents, a 32x VAE, 3 SDE steps), shrunk: 1 prompt x 2
+    # samples, 9 frames, 2 short steps.
+    command = [
+        sys.executable,
+        "benchmarks/transport.py",
+        "--preset",
+        "ltx",
+        "--modes",
+        "msgpack-fetch",
+        "--prompts",
+        "1",
+        "--samples-per-prompt",
+        "2",
+        "--frames",
+        "9",
+        "--steps",
+        "2",
+        "--step-latency-s",
+        "0.01",
+        "--handoff-mb",
+        "8",
+        "--out",
+        str(tmp_path / "ltx.png"),
+    ]
+    out = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+    # Each sample holds a [3, 9, 512, 768] bf16 video (latents 16 x 24, 32 pixels a cell):
+    # the samples hold what the stand-in says it sent, in every mode.
+    assert summary["workload"]["latent_width"] == 24
+    assert summary["rollout_gb"] > 2 * 3 * 9 * 512 * 768 * 2 / 1e9
+    for mode in summary["modes"]:
+        assert mode["gb_delivered"] == summary["rollout_gb"], mode["mode"]
+        assert (mode["arena_spills"], mode["pickled_bytes"], mode["failed_samples"]) == (0, 0, 0)
+
+
+def test_only_the_default_run_replaces_the_readme_chart() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "transport_bench", ROOT / "benchmarks/transport.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules[spec.name]
+    assert bench.chart_path("default", None) == Path("benchmarks/transport.png")
+    for preset in ("quick", "ltx"):
+        assert bench.chart_path(preset, None).parent == Path(tempfile.gettempdir())
+    assert bench.chart_path("quick", "here.png") == Path("here.png")
 
 
 def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) -> None:

@@ -13,24 +13,66 @@ Usage::
             raw = await router.post("/generate", payload, request_id=rid)
 """
 
-from miles_lite.engine.balancer import EngineState
-from miles_lite.engine.client import EngineClient, EngineClientStatistics
-from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
-from miles_lite.engine.control import AbortReport, EngineAbort, abort_request, abort_requests
-from miles_lite.engine.response import (
-    BodyAllocator,
-    BodyBuffer,
-    FreshBuffer,
-    RawResponse,
-    allocate_fresh,
-)
-from miles_lite.engine.router import Router, RouterStatistics
-from miles_lite.engine.transport import (
-    AiohttpTransport,
-    AsyncTransport,
-    MockFailure,
-    MockResponse,
-    MockTransport,
+import typing
+
+from miles_lite._core.lazy import lazy_exports as _lazy_exports
+
+if typing.TYPE_CHECKING:
+    from miles_lite.engine.balancer import EngineState
+    from miles_lite.engine.client import EngineClient, EngineClientStatistics
+    from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
+    from miles_lite.engine.control import AbortReport, EngineAbort, abort_request, abort_requests
+    from miles_lite.engine.response import (
+        BodyAllocator,
+        BodyBuffer,
+        FreshBuffer,
+        RawResponse,
+        allocate_fresh,
+    )
+    from miles_lite.engine.router import Router, RouterStatistics
+    from miles_lite.engine.transport import (
+        AiohttpTransport,
+        AsyncTransport,
+        MockFailure,
+        MockResponse,
+        MockTransport,
+    )
+
+# Imported when first used: parser workers import the blocking exchange of
+# fetch_in_parser (engine.blocking) and need neither aiohttp nor the router.
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "miles_lite.engine.balancer": ["EngineState"],
+        "miles_lite.engine.client": ["EngineClient", "EngineClientStatistics"],
+        "miles_lite.engine.config": [
+            "EngineClientConfig",
+            "EngineConfig",
+            "RetryPolicy",
+            "RouterConfig",
+        ],
+        "miles_lite.engine.control": [
+            "AbortReport",
+            "EngineAbort",
+            "abort_request",
+            "abort_requests",
+        ],
+        "miles_lite.engine.response": [
+            "BodyAllocator",
+            "BodyBuffer",
+            "FreshBuffer",
+            "RawResponse",
+            "allocate_fresh",
+        ],
+        "miles_lite.engine.router": ["Router", "RouterStatistics"],
+        "miles_lite.engine.transport": [
+            "AiohttpTransport",
+            "AsyncTransport",
+            "MockFailure",
+            "MockResponse",
+            "MockTransport",
+        ],
+    },
 )
 
 __all__ = [

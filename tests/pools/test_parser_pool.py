@@ -17,6 +17,7 @@ from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from tests.garbage import collect_garbage
 from tests.leaks import leaked_shm, shm_entries
+from tests.pools import work
 from tests.pools.bodies import CTYPE, body
 
 pytestmark = pytest.mark.anyio
@@ -123,6 +124,19 @@ async def test_fetch_in_parser_gives_the_same_tensors(parser: ParserPool, server
     assert parsed.wire_bytes == len(body(5))
     assert parsed.response_at <= parsed.read_at <= parsed.parsed_at
     assert_same(parsed.items, decode_to_tensors(bytearray(body(5)), CTYPE["msgpack"]))
+
+
+async def test_parser_workers_import_neither_torch_nor_aiohttp(
+    parser: ParserPool, server: Server
+) -> None:
+    # Each fetch_in_parser generation holds a worker, so there are many: one that imported
+    # the whole library would cost ~160 MB and a second of start-up instead of ~20 MB.
+    await parser.fetch(fetch(server, 4))
+    lease = await parser.allocate(len(body(5)))
+    lease.view[:] = body(5)
+    await parser.parse(lease, CTYPE["msgpack"])
+    for index in range(parser.config.workers):
+        assert await parser.pool.run_on(index, work.heavy_modules) == []
 
 
 async def test_fetch_errors_are_typed_and_free_their_space(

@@ -54,3 +54,10 @@ def failing_reward(samples: list) -> list:  # type: ignore[type-arg]
 
 def text_reward(samples: list) -> list:  # type: ignore[type-arg]
     return [{"score": float(s.response == s.label), "len": len(s.response)} for s in samples]
+
+
+def heavy_modules() -> list[str]:
+    """The heavy libraries this process has imported (torch, aiohttp, numpy)."""
+    import sys
+
+    return sorted({"torch", "aiohttp", "numpy"} & set(sys.modules))
