@@ -144,52 +144,76 @@ def expect(name: str, got: object, want: object) -> None:
 
 
 async def agents(
-    url: str, tokenizer: Any, n: int, turns: int, tokens: int, client: str, label: str
+    url: str,
+    tokenizer: Any,
+    n: int,
+    turns: int,
+    tokens: int,
+    client: str,
+    label: str,
+    rounds: int = 1,
 ) -> dict[str, Any]:
+    """``rounds`` of the same load straight to the engine and through a session server,
+    in alternating order (the machine's load drifts); latencies pooled over the rounds,
+    every round's counters checked."""
+
     async def direct() -> tuple[str, str]:
         return f"{url}/v1", "none"
 
     async def nothing(key: str) -> None:
         return None
 
-    direct_lat: list[float] = []
-    served_lat: list[float] = []
-    bare = await chat_turns(
-        direct, nothing, client, n, turns, tokens, f"direct-{label}", direct_lat
-    )
-    async with serve(url, tokenizer, n, tokens) as served:
-        layer = await chat_turns(
-            served.open_one, served.close_one, client, n, turns, tokens, label, served_lat
-        )
-        stats = served.server.statistics()
+    lat: dict[str, list[float]] = {"server": [], "direct": []}
+    cpu_s = {"server": 0.0, "direct": 0.0}
+    seconds = {"server": 0.0, "direct": 0.0}
+    counters: dict[str, int] = {}
+    returned = mismatches = 0
+    for round_ in range(rounds):
+        for path in ("direct", "server") if round_ % 2 == 0 else ("server", "direct"):
+            if path == "direct":
+                m = await chat_turns(direct, nothing, client, n, turns, tokens, path, lat[path])
+            else:
+                async with serve(url, tokenizer, n, tokens) as served:
+                    m = await chat_turns(
+                        served.open_one, served.close_one, client, n, turns, tokens, path, lat[path]
+                    )
+                    stats = served.server.statistics()
+                counters = _counters(stats)
+                returned, mismatches = check_agents(served, stats, n, turns)
+            cpu_s[path] += m.cpu_s
+            seconds[path] += m.seconds
+    row: dict[str, Any] = {"agents": n, "turns": turns, "client": client, "rounds": rounds}
+    for path, values in lat.items():
+        row[f"{path}_p50_ms"] = 1000 * quantile(values, 0.5)
+        row[f"{path}_p99_ms"] = 1000 * quantile(values, 0.99)
+    row["added_p50_ms"] = row["server_p50_ms"] - row["direct_p50_ms"]
+    row["p50_ratio"] = row["server_p50_ms"] / row["direct_p50_ms"]
+    row["p99_ratio"] = row["server_p99_ms"] / row["direct_p99_ms"]
+    row["turns_per_s"] = {p: n * turns * rounds / seconds[p] for p in seconds}
+    row["cpu_ms_per_turn"] = {p: 1000 * cpu_s[p] / (n * turns * rounds) for p in cpu_s}
+    row["counters"] = counters  # every round's are checked: these are the last round's
+    row["records_returned"] = returned
+    row["tito_mismatches"] = mismatches
+    return row
+
+
+def check_agents(
+    served: Served, stats: SessionServerStatistics, n: int, turns: int
+) -> tuple[int, int]:
+    """Every turn recorded once, token in after each agent's first: the records returned
+    and the TITO mismatches of the merged samples."""
     records = [r for session in served.records for r in session]
     mismatches = sum(assemble_samples(s, Sample(prompt="")).mismatches for s in served.records)
     expect("recorded", stats.recorded, n * turns)
     expect("records returned", len(records), n * turns)
     expect("token_in_turns", stats.token_in_turns, n * (turns - 1))
     expect("templated_turns", stats.templated_turns, n)
-    expect(
-        "records extending the trajectory", sum(r.prefix_len > 0 for r in records), n * (turns - 1)
-    )
+    extending = sum(r.prefix_len > 0 for r in records)
+    expect("records extending the trajectory", extending, n * (turns - 1))
     expect("tito mismatches", mismatches, 0)
     expect("opened/closed/open", (stats.opened, stats.closed, stats.open_sessions), (n, n, 0))
     expect("engine errors", stats.engine_errors, 0)
-    row: dict[str, Any] = {"agents": n, "turns": turns, "client": client}
-    for name, lat in (("server", served_lat), ("direct", direct_lat)):
-        row[f"{name}_p50_ms"] = 1000 * quantile(lat, 0.5)
-        row[f"{name}_p99_ms"] = 1000 * quantile(lat, 0.99)
-    row["added_p50_ms"] = row["server_p50_ms"] - row["direct_p50_ms"]
-    row["p50_ratio"] = row["server_p50_ms"] / row["direct_p50_ms"]
-    row["p99_ratio"] = row["server_p99_ms"] / row["direct_p99_ms"]
-    row["turns_per_s"] = {"server": layer.rps, "direct": bare.rps}
-    row["cpu_ms_per_turn"] = {
-        "server": 1000 * layer.cpu_s / max(layer.requests, 1),
-        "direct": 1000 * bare.cpu_s / max(bare.requests, 1),
-    }
-    row["counters"] = _counters(stats)
-    row["records_returned"] = len(records)
-    row["tito_mismatches"] = mismatches
-    return row
+    return len(records), mismatches
 
 
 #: The server's counters each figure reports.
@@ -545,7 +569,9 @@ async def run_figures(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
                 engines_.append((f"{tokens} tokens x {args.token_latency_ms:g} ms", slow))
             out["agents"] = []
             for name, url in engines_:
-                row = await agents(url, tokenizer, args.agents, args.turns, tokens, client, name)
+                row = await agents(
+                    url, tokenizer, args.agents, args.turns, tokens, client, name, args.rounds
+                )
                 out["agents"].append(dict(row, engine=name))
         elif figure == "memory":
             out["memory"] = await long_session(
@@ -570,11 +596,14 @@ def table(r: dict[str, Any]) -> str:
     for a in r.get("agents", []):
         c = a["counters"]
         what = f"1. {a['agents']} agents x {a['turns']} turns, {a['engine']} engine"
+        cpu = a["cpu_ms_per_turn"]
         lines.append(
-            f"| {what}: turn latency p50 / p99 | {a['server_p50_ms']:.1f} / "
-            f"{a['server_p99_ms']:.1f} ms (recorded {c['recorded']}, token in "
-            f"{c['token_in_turns']}) | direct: {a['direct_p50_ms']:.1f} / "
-            f"{a['direct_p99_ms']:.1f} ms | {a['p50_ratio']:.2f}x / {a['p99_ratio']:.2f}x |"
+            f"| {what}, {a['rounds']} rounds: turn latency p50 / p99; main-process CPU per"
+            f" turn | {a['server_p50_ms']:.0f} / {a['server_p99_ms']:.0f} ms;"
+            f" {cpu['server']:.1f} ms (recorded {c['recorded']}, token in"
+            f" {c['token_in_turns']} a round) | direct: {a['direct_p50_ms']:.0f} /"
+            f" {a['direct_p99_ms']:.0f} ms; {cpu['direct']:.1f} ms | {a['p50_ratio']:.2f}x /"
+            f" {a['p99_ratio']:.2f}x; {cpu['server'] / cpu['direct']:.2f}x |"
         )
     if "memory" in r:
         m = r["memory"]
@@ -640,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per chat turn")
     parser.add_argument("--token-latency-ms", type=float, default=10.0)
     parser.add_argument("--client", choices=("openai", "aiohttp"), default="openai")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="figure 1: rounds of each path, alternating"
+    )
     parser.add_argument("--session-turns", type=int, default=60)
     parser.add_argument("--abandoned", type=int, default=5000)
     parser.add_argument(
@@ -664,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--figures: unknown {sorted(unknown)}; choose from {','.join(FIGURES)}")
     if args.quick:
         args.agents, args.turns, args.session_turns = 20, 5, 12
-        args.abandoned, args.ttl, args.repeats = 200, 2.0, 1
+        args.abandoned, args.ttl, args.repeats, args.rounds = 200, 1.0, 1, 1
         args.degenerate_tokens = 4096
     started = time.perf_counter()
     result = run_sync(run_all, args)
