@@ -300,10 +300,13 @@ async def wave(served: Served, n: int, tokens: int, *, turn: bool, close: bool) 
                 tg.start_soon(one)
 
 
-async def settled() -> tuple[float, float]:
-    """Traced MB (after a full collection) and RSS MB, once closed connections are gone."""
+async def settled() -> tuple[float, float, int]:
+    """Traced MB (after a full collection), RSS MB and the turn records alive, once
+    closed connections are gone."""
     await anyio.sleep(0.2)
-    return traced_mb(), rss_mb()
+    traced = traced_mb()
+    records = sum(isinstance(o, TurnRecord) for o in gc.get_objects())
+    return traced, rss_mb(), records
 
 
 async def abandoned(url: str, tokenizer: Any, n: int, ttl: float, tokens: int) -> dict[str, Any]:
@@ -342,6 +345,7 @@ async def abandoned(url: str, tokenizer: Any, n: int, ttl: float, tokens: int) -
     expect("open_sessions", stats.open_sessions, 0)
     expect("recorded", stats.recorded, warm + turned)
     expect("closed", stats.closed, warm)
+    expect("turn records alive after the sweep", after[2], base[2])
     return {
         "sessions": n,
         "turns": turned,
@@ -352,6 +356,7 @@ async def abandoned(url: str, tokenizer: Any, n: int, ttl: float, tokens: int) -
         "traced_mb": {"base": base[0], "held": held[0], "after": after[0]},
         "traced_peak_mb": peak_traced,
         "rss_mb": {"base": base[1], "held": held[1], "after": after[1]},
+        "turn_records_alive": {"base": base[2], "held": held[2], "after": after[2]},
         "kb_per_session_with_turn": 1024 * (with_turn[0] - base[0]) / max(turned, 1),
         "kb_per_idle_session": 1024 * (held[0] - with_turn[0]) / max(n - turned, 1),
         "left_kb_after_sweep": 1024 * (after[0] - base[0]),
@@ -626,7 +631,9 @@ def table(r: dict[str, Any]) -> str:
             f" {b['counters']['open_sessions']}) | before: {t['base']:.1f} / {s['base']:.0f}"
             f" | {b['kb_per_session_with_turn']:.1f} KiB per session with a turn,"
             f" {b['kb_per_idle_session']:.1f} KiB per idle one,"
-            f" {b['left_kb_after_sweep']:+.0f} KiB left |"
+            f" {b['left_kb_after_sweep']:+.0f} KiB left; turn records alive: held"
+            f" {b['turn_records_alive']['held'] - b['turn_records_alive']['base']:+d}, after"
+            f" {b['turn_records_alive']['after'] - b['turn_records_alive']['base']:+d} |"
         )
     if "degenerate" in r:
         d = r["degenerate"]
@@ -695,8 +702,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--figures: unknown {sorted(unknown)}; choose from {','.join(FIGURES)}")
     if args.quick:
+        # ttl: a session whose first request comes later than this after it opened is
+        # expired before it (a 404); 1 s was too short on a loaded machine.
         args.agents, args.turns, args.session_turns = 20, 5, 12
-        args.abandoned, args.ttl, args.repeats, args.rounds = 200, 1.0, 1, 1
+        args.abandoned, args.ttl, args.repeats, args.rounds = 200, 5.0, 1, 1
         args.degenerate_tokens = 4096
     started = time.perf_counter()
     result = run_sync(run_all, args)

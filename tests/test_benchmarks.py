@@ -116,6 +116,8 @@ def test_sessions_benchmark_counts_every_turn_once_and_sweeps_abandoned_sessions
     abandoned = result["abandoned"]["counters"]
     assert (abandoned["expired"], abandoned["open_sessions"], abandoned["closed"]) == (200, 0, 200)
     assert abandoned["recorded"] == 200 + 100
+    alive = result["abandoned"]["turn_records_alive"]
+    assert alive["after"] == alive["base"]
     degenerate = result["degenerate"]
     assert degenerate["unclosed"]["turns"] == 0 and degenerate["closed"]["turns"] == 1
     assert "| 1. 20 agents x 5 turns" in run.stdout
