@@ -38,6 +38,7 @@ depend on the machine (its load is in the output); the counters do not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -216,15 +217,9 @@ def check_agents(
     return len(records), mismatches
 
 
-#: The server's counters each figure reports.
-COUNTERS = (
-    *("opened", "closed", "expired", "open_sessions", "requests", "recorded"),
-    *("token_in_turns", "templated_turns", "engine_errors"),
-)
-
-
 def _counters(stats: SessionServerStatistics) -> dict[str, int]:
-    return {k: getattr(stats, k) for k in COUNTERS}
+    """Every counter of the server."""
+    return dataclasses.asdict(stats)
 
 
 # -- 2. memory of one long session --------------------------------------------------------
@@ -322,6 +317,7 @@ async def abandoned(url: str, tokenizer: Any, n: int, ttl: float, tokens: int) -
             await wave(served, warm, tokens, turn=True, close=True)
             served.records.clear()
             base = await settled()
+            base_snapshot = tracemalloc.take_snapshot()
             started = time.monotonic()
             # The sessions with a turn first: the idle ones take no time to open, so all
             # of them are still open when the held memory is measured (ttl permitting).
@@ -338,6 +334,7 @@ async def abandoned(url: str, tokenizer: Any, n: int, ttl: float, tokens: int) -
             swept_s = time.monotonic() - started - load_s
             stats = server.statistics()
             after = await settled()
+            left = tracemalloc.take_snapshot().compare_to(base_snapshot, "lineno")[:5]
             peak_traced = tracemalloc.get_traced_memory()[1] / 2**20
     finally:
         tracemalloc.stop()
@@ -360,6 +357,9 @@ async def abandoned(url: str, tokenizer: Any, n: int, ttl: float, tokens: int) -
         "kb_per_session_with_turn": 1024 * (with_turn[0] - base[0]) / max(turned, 1),
         "kb_per_idle_session": 1024 * (held[0] - with_turn[0]) / max(n - turned, 1),
         "left_kb_after_sweep": 1024 * (after[0] - base[0]),
+        # Where what is left was allocated (tracemalloc's top lines, KiB): what to look at
+        # when it is more than containers that held n entries.
+        "left_by_line_kb": [[str(d.traceback), d.size_diff / 1024] for d in left],
         "counters": _counters(stats),
     }
 
