@@ -520,8 +520,10 @@ class Setup:
 
 
 async def set_up(args: argparse.Namespace, stack: AsyncExitStack) -> Setup:
-    """Load the tokenizer and start the engines the figures need, side by side (each
-    child process imports and loads for seconds), all stopped when ``stack`` closes."""
+    """Load the tokenizer and start the engines the figures need, all stopped when
+    ``stack`` closes. One after another: each child imports this module and loads for
+    seconds, and started side by side on a loaded 2-core machine the mocks missed their
+    60 s start timeout."""
     from miles_lite.testing import load_qwen3_tokenizer
 
     setup = Setup()
@@ -542,14 +544,13 @@ async def set_up(args: argparse.Namespace, stack: AsyncExitStack) -> Setup:
         setup.stand_in = (await stack.enter_async_context(TextEngineProcess(config))).url
 
     figures = set(args.figures)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(tokenizer)
-        if figures & {"agents", "memory", "abandoned"}:
-            tg.start_soon(mock, "instant", 0.0)
-        if "agents" in figures and not args.quick:
-            tg.start_soon(mock, "slow", args.token_latency_ms / 1000)
-        if "degenerate" in figures:
-            tg.start_soon(stand_in)
+    await tokenizer()
+    if figures & {"agents", "memory", "abandoned"}:
+        await mock("instant", 0.0)
+    if "agents" in figures and not args.quick:
+        await mock("slow", args.token_latency_ms / 1000)
+    if "degenerate" in figures:
+        await stand_in()
     return setup
 
 
