@@ -152,3 +152,36 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
     )
     assert modes["stop@16"]["running_after"] == 0
     assert chart.stat().st_size > 10_000
+
+
+def test_sessions_benchmark_counts_every_turn_once_and_sweeps_abandoned_sessions(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "sessions.json"
+    command = [sys.executable, "benchmarks/sessions.py", "--quick", "--out", str(out)]
+    run = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("{"))
+    result = json.loads(line)["sessions"]
+    assert json.loads(out.read_text()) == {"sessions": result}
+    # Counters, not timings. --quick: 20 agents x 5 turns, every turn recorded once and
+    # every turn after an agent's first sent as token in.
+    (agents,) = result["agents"]
+    counters = agents["counters"]
+    assert (counters["recorded"], agents["records_returned"]) == (100, 100)
+    assert (counters["token_in_turns"], counters["templated_turns"]) == (80, 20)
+    assert (counters["open_sessions"], agents["tito_mismatches"]) == (0, 0)
+    memory = result["memory"]
+    assert memory["record_ids"] == memory["trajectory_tokens"] < memory["full_prompt_ids"]
+    # 200 sessions abandoned (100 after a turn), after a warm-up wave of 200 closed ones
+    # (each with a turn): the idle sweep expires every abandoned one.
+    abandoned = result["abandoned"]["counters"]
+    assert (abandoned["expired"], abandoned["open_sessions"], abandoned["closed"]) == (200, 0, 200)
+    assert abandoned["recorded"] == 200 + 100
+    alive = result["abandoned"]["turn_records_alive"]
+    assert alive["after"] == alive["base"]
+    degenerate = result["degenerate"]
+    assert degenerate["unclosed"]["turns"] == 0 and degenerate["closed"]["turns"] == 1
+    assert "| 1. 20 agents x 5 turns" in run.stdout
