@@ -32,7 +32,6 @@ from miles_lite.agentic.openai_wire import (
     passthrough,
     too_large,
 )
-from miles_lite.engine.control import abort_request
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineError, EngineStatusError, SessionError
 from miles_lite.rollout.context import InFlight, RunContext
@@ -526,7 +525,7 @@ class SessionServer(AsyncResource):
 
     async def _abort_rid(self, url: str, rid: str) -> None:
         # Best effort: the engine is gone or busy; the rollout's own abort repeats.
-        await abort_request(self._router.client, url, rid, timeout_s=self._config.abort_timeout_s)
+        await self._router.abort_request(url, rid, timeout_s=self._config.abort_timeout_s)
 
     async def _answer(
         self, request: web.Request, answer: dict[str, Any], stream: bool, large: bool = False

@@ -4,7 +4,8 @@ A transport seam (:class:`AsyncTransport`: aiohttp, or :class:`MockTransport` in
 tests; the worker-side exchange of ``fetch_in_parser`` in :mod:`miles_lite.engine.blocking`),
 one translation of transport failures into typed errors, the client, the router (the one
 retry loop: only what never reached an engine, or a 502/503/504, is sent again) and the
-one sender of aborts.
+one sender of aborts. The router may also generate through SGLang's own router
+(:class:`SmgConfig`, :mod:`miles_lite.engine.smg`), still aborting at the engines.
 
 Usage::
 
@@ -15,7 +16,13 @@ Usage::
 
 from miles_lite.engine.balancer import EngineState
 from miles_lite.engine.client import EngineClient, EngineClientStatistics
-from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.config import (
+    EngineClientConfig,
+    EngineConfig,
+    RetryPolicy,
+    RouterConfig,
+    SmgConfig,
+)
 from miles_lite.engine.control import AbortReport, EngineAbort, abort_request, abort_requests
 from miles_lite.engine.response import (
     BodyAllocator,
@@ -25,6 +32,7 @@ from miles_lite.engine.response import (
     allocate_fresh,
 )
 from miles_lite.engine.router import Router, RouterStatistics
+from miles_lite.engine.smg import SmgWorker, smg_launch_args
 from miles_lite.engine.transport import (
     AiohttpTransport,
     AsyncTransport,
@@ -54,7 +62,10 @@ __all__ = [
     "Router",
     "RouterConfig",
     "RouterStatistics",
+    "SmgConfig",
+    "SmgWorker",
     "abort_request",
     "abort_requests",
     "allocate_fresh",
+    "smg_launch_args",
 ]
