@@ -19,6 +19,7 @@ import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.agentic.agent import AgentGenerate
+from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import (
     EngineClientConfig,
     EngineConfig,
@@ -220,3 +221,53 @@ async def test_an_engine_killed_mid_rollout_fails_its_requests_and_none_runs_twi
     assert lost and all(isinstance(e, EngineStatusError) and not e.retryable for e in lost)
     for sample in done:
         sample.validate()
+
+
+async def test_control_and_diffusion_paths_are_not_smgs(
+    smg: SmgRouter, engines: TextEngineProcessGroup
+) -> None:
+    # Why aborts go to the engines, and diffusion stays on engine URLs.
+    async with EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client:
+        for path in ("/abort_request", "/pause_generation", "/rollout/generate"):
+            with pytest.raises(EngineStatusError) as caught:
+                await client.post_json(smg.url, path, {"rid": "r"})
+            assert caught.value.status == 404 and "unknown_url" in str(caught.value)
+            assert not caught.value.retryable
+
+
+class RetryingSmg(SmgRouter):
+    """smg with its default retries on: what miles_lite must not run behind."""
+
+    def command(self, port: int, prometheus_port: int) -> list[str]:
+        return [a for a in super().command(port, prometheus_port) if a != "--disable-retries"]
+
+
+async def test_with_its_retries_on_smg_rewrites_generate_bodies(
+    engines: TextEngineProcessGroup,
+) -> None:
+    # Why smg_launch_args has --disable-retries: to be able to re-send a body, smg parses
+    # and re-serialises it, dropping keys and rounding floats.
+    body = {
+        "input_ids": [1, 2, 3],
+        "rid": "rewritten",
+        "sampling_params": {
+            "max_new_tokens": 2,
+            "top_p": 1 / 3,
+            "spaces_between_special_tokens": False,
+        },
+    }
+    async with (
+        RetryingSmg(engines.urls) as smg,
+        EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client,
+    ):
+        await client.post_json(smg.url, "/generate", body, retry=False)
+    received = [
+        r
+        for e in engines.processes
+        for r in (await stats(e))["requests"]
+        if r.get("rid") == "rewritten"
+    ]
+    assert len(received) == 1
+    params = received[0]["sampling_params"]
+    assert "spaces_between_special_tokens" not in params and params["top_p"] != 1 / 3
+    assert received[0].get("model") == "unknown"
