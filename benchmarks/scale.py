@@ -58,6 +58,7 @@ from miles_lite.engine.config import (
     RouterConfig,
     SmgConfig,
 )
+from miles_lite.engine.smg import SMG_FLAGS
 from miles_lite.pools import DaskRewardPool, RewardPool
 from miles_lite.testing import SmgRouter
 from miles_lite.types import Sample
@@ -200,7 +201,10 @@ async def text_modes(
     args: argparse.Namespace, fast: list[str], slow: list[str], tokenizer: Any
 ) -> list[Measure]:
     out: list[Measure] = []
-    async with SmgRouter(fast) as fast_smg, SmgRouter(slow) as slow_smg:
+    async with (
+        SmgRouter(fast, flags=SMG_FLAGS) as fast_smg,
+        SmgRouter(slow, flags=SMG_FLAGS) as slow_smg,
+    ):
         # Warm both paths (connections, lazy imports): the first mode would pay for them.
         for urls, front in (([fast_smg.url], True), (fast, False)):
             await rollout_generate(urls, engines(8, front), 64, 4, 16, "warm", tokenizer)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "READINESS_PATH",
+    "SMG_FLAGS",
     "WORKERS_PATH",
     "SmgFront",
     "SmgWorker",
@@ -54,6 +55,22 @@ WORKERS_PATH = "/workers"
 READINESS_PATH = "/readiness"
 #: Pause between two reads of the worker list while a rollout opens, in seconds.
 _OPEN_POLL_S = 0.1
+#: The ``smg launch`` flags miles_lite needs, besides addresses and the policy (see
+#: :func:`smg_launch_args` for what each is for).
+SMG_FLAGS = (
+    "--disable-retries",
+    "--disable-worker-overload-protection",
+    "--worker-startup-check-interval",
+    "1",
+    "--health-check-interval-secs",
+    "2",
+    "--health-failure-threshold",
+    "2",
+    "--health-success-threshold",
+    "1",
+    "--log-level",
+    "warn",
+)
 
 # (router URL, header name, key) of the Router.call running in this task; see the module doc.
 _ROUTE: ContextVar[tuple[str, str, str] | None] = ContextVar("miles_lite_smg_route", default=None)
@@ -279,17 +296,6 @@ def smg_launch_args(
         *(["--worker-urls", *worker_urls] if worker_urls else []),
         "--policy",
         policy,
-        "--disable-retries",
-        "--disable-worker-overload-protection",
-        "--worker-startup-check-interval",
-        "1",
-        "--health-check-interval-secs",
-        "2",
-        "--health-failure-threshold",
-        "2",
-        "--health-success-threshold",
-        "1",
-        "--log-level",
-        "warn",
+        *SMG_FLAGS,
         *extra,
     ]

@@ -1,14 +1,12 @@
 """SGLang's router (``smg``) in a child process, in front of engines already running.
 
-For the smg tier and the scale benchmark: :class:`SmgRouter` launches ``python -m smg``
-with the flags miles_lite needs (:func:`~miles_lite.engine.smg.smg_launch_args`) on free
-loopback ports, waits until it lists every engine as healthy, and kills it on exit. smg
-(the PyPI package ``smg``, a Rust binary behind a thin Python CLI) is not a dependency of
-miles_lite: install it with ``pip install smg==1.13.0``.
-
-By hand::
-
-    python -m smg launch --worker-urls http://127.0.0.1:31001 ... (see smg_launch_args)
+For the smg tier and the scale benchmark: :class:`SmgRouter` launches ``python -m smg
+launch`` on free loopback ports with the given flags, waits until it lists every engine as
+healthy, and kills it on exit. Its default flags are its own list (a stand-in shares none
+of the library's code); the tier passes the library's
+(:data:`miles_lite.engine.smg.SMG_FLAGS`), which is what users run. smg (the PyPI package
+``smg``, a Rust binary behind a thin Python CLI) is not a dependency of miles_lite:
+install it with ``pip install smg==1.13.0``.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from miles_lite.engine.smg import smg_launch_args
 from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import StartStop
 
@@ -39,6 +36,22 @@ __all__ = ["SmgRouter"]
 _POLL_S = 0.05
 #: Lines of the router log quoted in a start error.
 _TAIL_LINES = 30
+#: Flags for a router in front of stand-ins: one delivery per request, keys that stay
+#: put under load, engines registered and health-checked within a second or two.
+DEFAULT_FLAGS = (
+    "--disable-retries",
+    "--disable-worker-overload-protection",
+    "--worker-startup-check-interval",
+    "1",
+    "--health-check-interval-secs",
+    "1",
+    "--health-failure-threshold",
+    "2",
+    "--health-success-threshold",
+    "1",
+    "--log-level",
+    "warn",
+)
 
 
 class SmgRouter(StartStop):
@@ -53,7 +66,8 @@ class SmgRouter(StartStop):
     installed, exits while starting, or does not list every engine as healthy within
     ``start_timeout_s`` (quoting its log). ``stop()`` kills it (SIGTERM would keep it
     serving for a 5 s settle window; it holds nothing worth draining); idempotent, and run
-    at interpreter exit if nobody called it. ``extra_args`` are more ``smg launch`` flags.
+    at interpreter exit if nobody called it. ``flags`` are the ``smg launch`` flags
+    besides the addresses and the policy (default: :data:`DEFAULT_FLAGS`).
     """
 
     def __init__(
@@ -62,15 +76,17 @@ class SmgRouter(StartStop):
         *,
         host: str = "127.0.0.1",
         policy: str = "consistent_hashing",
-        extra_args: Sequence[str] = (),
+        flags: Sequence[str] = DEFAULT_FLAGS,
         start_timeout_s: float = 30.0,
     ) -> None:
         if isinstance(worker_urls, str) or not worker_urls:
             raise ValueError(f"SmgRouter worker_urls must be a list of URLs, got {worker_urls!r}")
+        if isinstance(flags, str):
+            raise ValueError(f"SmgRouter flags must be a sequence of arguments, got {flags!r}")
         self.worker_urls = list(worker_urls)
         self.host = host
         self.policy = policy
-        self.extra_args = tuple(extra_args)
+        self.flags = tuple(flags)
         self.start_timeout_s = float(start_timeout_s)
         self._proc: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
@@ -103,14 +119,18 @@ class SmgRouter(StartStop):
             sys.executable,
             "-m",
             "smg",
-            *smg_launch_args(
-                self.worker_urls,
-                host=self.host,
-                port=port,
-                prometheus_port=prometheus_port,
-                policy=self.policy,
-                extra=self.extra_args,
-            ),
+            "launch",
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--prometheus-port",
+            str(prometheus_port),
+            "--worker-urls",
+            *self.worker_urls,
+            "--policy",
+            self.policy,
+            *self.flags,
         ]
 
     def workers(self) -> list[dict[str, Any]]:

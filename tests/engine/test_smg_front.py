@@ -327,3 +327,20 @@ def test_the_launch_arguments_carry_the_flags_miles_lite_relies_on() -> None:
     assert args[args.index("--port") + 1] == "30100"
     with pytest.raises(ConfigError):
         smg_launch_args("http://e1")
+
+
+async def test_a_requests_own_headers_go_with_it_and_the_key_joins_them() -> None:
+    transport = MockTransport(FakeSmg())
+    async with (
+        EngineClient(FAST_RETRY, transport=transport) as client,
+        Router([SMG], client, through_smg()) as router,
+    ):
+        await client.post_json(ENGINES[0], "/abort_request", {}, headers={"X-Trace": "t1"})
+
+        async def turn(url: str) -> None:
+            await client.post_json(url, "/generate", {}, retry=False, headers={"X-Trace": "t2"})
+
+        await router.call(turn, key="s1")
+    aborts = [r for r in transport.requests if r.path == "/abort_request"]
+    assert aborts[0].headers == {"X-Trace": "t1"}
+    assert generations(transport)[0].headers == {"X-Trace": "t2", "X-SMG-Routing-Key": "s1"}

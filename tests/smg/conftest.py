@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from miles_lite.engine.smg import SMG_FLAGS
 from miles_lite.testing import SmgRouter, TextEngineProcessGroup, TextStandInConfig
 from tests.conftest import separate_tier
 
@@ -47,6 +48,6 @@ def engines() -> Iterator[TextEngineProcessGroup]:
 
 @pytest.fixture(scope="module")
 def smg(engines: TextEngineProcessGroup) -> Iterator[SmgRouter]:
-    """smg over the module's engines, with miles_lite's flags."""
-    with SmgRouter(engines.urls) as router:
+    """smg over the module's engines, with the flags miles_lite tells users to run."""
+    with SmgRouter(engines.urls, flags=SMG_FLAGS) as router:
         yield router

@@ -27,6 +27,7 @@ from miles_lite.engine.config import (
     RouterConfig,
     SmgConfig,
 )
+from miles_lite.engine.smg import SMG_FLAGS
 from miles_lite.errors import EngineError, EngineStatusError
 from miles_lite.testing import (
     SmgRouter,
@@ -135,6 +136,29 @@ async def test_every_turn_of_an_agent_session_lands_on_one_engine(
     assert {i for engine in where.values() for i in engine} == {0, 1}
 
 
+async def test_an_agent_rollout_stopped_early_aborts_its_turns_at_the_engines(
+    smg: SmgRouter, engines: TextEngineProcessGroup, tokenizer: Any
+) -> None:
+    slow = engines.processes[1]
+    before = len((await stats(slow))["aborts"])
+    config = TextRolloutConfig(
+        n_samples_per_prompt=1,
+        rollout_batch_size=2,
+        over_sampling_batch_size=16,
+        sampling=TextSamplingParams(max_new_tokens=48),
+        engines=through(),
+        abort_all_on_stop=False,  # by rid: each turn's rid at every engine smg lists
+    )
+    prompts = [[{"role": "user", "content": f"Agent {i}: go."}] for i in range(16)]
+    generate = AgentGenerate(three_turns)
+    async with opened(smg.url, tokenizer, config=config, generate=generate) as rollout:
+        result = await rollout.run(prompts)
+        assert len(result.groups) == 2 and result.partial
+        after = await stats(slow)
+        assert len(after["aborts"]) > before and after["running"] == 0
+        assert generate.server.session_ids() == []
+
+
 @pytest.mark.parametrize("abort_all", [True, False])
 async def test_early_stop_aborts_reach_the_engines_and_partial_samples_resume(
     abort_all: bool, smg: SmgRouter, engines: TextEngineProcessGroup, tokenizer: Any
@@ -196,7 +220,7 @@ async def test_an_engine_killed_mid_rollout_fails_its_requests_and_none_runs_twi
         snapshot.extend((await stats(victim))["rids_seen"])
         os.kill(victim.pid or 0, signal.SIGKILL)
 
-    async with group, SmgRouter(group.urls) as smg:
+    async with group, SmgRouter(group.urls, flags=SMG_FLAGS) as smg:
         async with (
             opened(smg.url, tokenizer, config=config) as rollout,
             anyio.create_task_group() as tg,
@@ -235,13 +259,6 @@ async def test_control_and_diffusion_paths_are_not_smgs(
             assert not caught.value.retryable
 
 
-class RetryingSmg(SmgRouter):
-    """smg with its default retries on: what miles_lite must not run behind."""
-
-    def command(self, port: int, prometheus_port: int) -> list[str]:
-        return [a for a in super().command(port, prometheus_port) if a != "--disable-retries"]
-
-
 async def test_with_its_retries_on_smg_rewrites_generate_bodies(
     engines: TextEngineProcessGroup,
 ) -> None:
@@ -257,7 +274,8 @@ async def test_with_its_retries_on_smg_rewrites_generate_bodies(
         },
     }
     async with (
-        RetryingSmg(engines.urls) as smg,
+        # smg with its default retries on: what miles_lite must not run behind.
+        SmgRouter(engines.urls, flags=[f for f in SMG_FLAGS if f != "--disable-retries"]) as smg,
         EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as client,
     ):
         await client.post_json(smg.url, "/generate", body, retry=False)
