@@ -54,7 +54,6 @@ from miles_lite.agentic.turns import (
     prefix_len,
     render_key,
 )
-from miles_lite.engine.control import abort_request
 from miles_lite.errors import EngineError, EngineProtocolError, EngineStatusError, SessionError
 from miles_lite.rollout.context import InFlight, RunContext
 from miles_lite.sglang.chat_wire import TurnRecord, record_from_choice
@@ -633,7 +632,7 @@ class SessionServer(AsyncResource):
 
     async def _abort_rid(self, url: str, rid: str) -> None:
         # Best effort: the engine is gone or busy; the rollout's own abort repeats.
-        await abort_request(self._router.client, url, rid, timeout_s=self._config.abort_timeout_s)
+        await self._router.abort_request(url, rid, timeout_s=self._config.abort_timeout_s)
 
 
 async def _cleanup(runner: web.AppRunner) -> None:

@@ -4,7 +4,8 @@ A transport seam (:class:`AsyncTransport`: aiohttp, or :class:`MockTransport` in
 tests; the worker-side exchange of ``fetch_in_parser`` in :mod:`miles_lite.engine.blocking`),
 one translation of transport failures into typed errors, the client, the router (the one
 retry loop: only what never reached an engine, or a 502/503/504, is sent again) and the
-one sender of aborts.
+one sender of aborts. The router may also generate through SGLang's own router
+(:class:`SmgConfig`, :mod:`miles_lite.engine.smg`), still aborting at the engines.
 
 Usage::
 
@@ -20,7 +21,13 @@ from miles_lite._core.lazy import lazy_exports as _lazy_exports
 if typing.TYPE_CHECKING:
     from miles_lite.engine.balancer import EngineState
     from miles_lite.engine.client import EngineClient, EngineClientStatistics
-    from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
+    from miles_lite.engine.config import (
+        EngineClientConfig,
+        EngineConfig,
+        RetryPolicy,
+        RouterConfig,
+        SmgConfig,
+    )
     from miles_lite.engine.control import AbortReport, EngineAbort, abort_request, abort_requests
     from miles_lite.engine.response import (
         BodyAllocator,
@@ -30,6 +37,7 @@ if typing.TYPE_CHECKING:
         allocate_fresh,
     )
     from miles_lite.engine.router import Router, RouterStatistics
+    from miles_lite.engine.smg import SmgWorker, smg_launch_args
     from miles_lite.engine.transport import (
         AiohttpTransport,
         AsyncTransport,
@@ -50,6 +58,7 @@ __getattr__, __dir__ = _lazy_exports(
             "EngineConfig",
             "RetryPolicy",
             "RouterConfig",
+            "SmgConfig",
         ],
         "miles_lite.engine.control": [
             "AbortReport",
@@ -65,6 +74,7 @@ __getattr__, __dir__ = _lazy_exports(
             "allocate_fresh",
         ],
         "miles_lite.engine.router": ["Router", "RouterStatistics"],
+        "miles_lite.engine.smg": ["SmgWorker", "smg_launch_args"],
         "miles_lite.engine.transport": [
             "AiohttpTransport",
             "AsyncTransport",
@@ -96,7 +106,10 @@ __all__ = [
     "Router",
     "RouterConfig",
     "RouterStatistics",
+    "SmgConfig",
+    "SmgWorker",
     "abort_request",
     "abort_requests",
     "allocate_fresh",
+    "smg_launch_args",
 ]

@@ -5,16 +5,25 @@ says *what happened* as a :class:`Failure`, from its own library's exceptions, a
 :func:`engine_error` builds the typed error. Only this module sets ``retryable``, and only
 for failures where the request is known never to have reached the engine (refused,
 DNS, connect timeout, a body that could not be written): a generation is never sent twice.
+
+A non-2xx answer becomes an ``EngineStatusError`` in :func:`status_error`. Through
+SGLang's router (smg), an answer the router made itself carries ``x-smg-error-code``: it
+is retryable only for the codes that say no engine got the request (the status alone
+would mislead: smg's 504 ``call_upstream_timeout`` follows a request an engine took). An
+engine's own answer passed through by the router names that engine
+(``x-smg-routed-worker-id``) and keeps the engine rule (502/503/504 retryable).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from miles_lite.errors import (
     ConfigError,
     EngineProtocolError,
+    EngineStatusError,
     EngineTimeoutError,
     EngineUnavailableError,
     MilesLiteError,
@@ -22,11 +31,15 @@ from miles_lite.errors import (
 
 __all__ = [
     "NEVER_SENT",
+    "SMG_ERROR_HEADER",
+    "SMG_NEVER_SENT",
+    "SMG_WORKER_HEADER",
     "Attempt",
     "Failure",
     "Progress",
     "Timeouts",
     "engine_error",
+    "status_error",
     "truncated_message",
 ]
 
@@ -57,6 +70,23 @@ class Failure(enum.Enum):
 
 #: Failures where nothing reached the engine: the only ones that may be sent again.
 NEVER_SENT = frozenset({Failure.UNREACHABLE, Failure.CONNECT_TIMEOUT, Failure.NOT_SENT})
+
+#: The header of an error SGLang's router (smg) answered itself, and of the engine it
+#: routed to (on the engine's own answers).
+SMG_ERROR_HEADER = "x-smg-error-code"
+SMG_WORKER_HEADER = "x-smg-routed-worker-id"
+#: smg error codes after which no engine got the request (smg 1.13: the engine refused
+#: the connection, no engine is healthy, its admission queue is full or timed out). Every
+#: other code (``call_upstream_request_error``: the engine dropped the connection after
+#: taking the request; ``call_upstream_timeout``) may follow a generation that ran.
+SMG_NEVER_SENT = frozenset(
+    {
+        "call_upstream_connection_failed",
+        "no_available_workers",
+        "admission_queue_full",
+        "admission_queue_timeout",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +166,50 @@ def engine_error(failure: Failure, where: Attempt, detail: str) -> MilesLiteErro
         )
     error.retryable = failure in NEVER_SENT
     return error
+
+
+def status_error(
+    where: Attempt, status: int, reason: str, headers: Mapping[str, str], excerpt: str
+) -> EngineStatusError:
+    """The typed error of a non-2xx answer to the exchange ``where`` (see the module doc);
+    ``excerpt`` is the start of its body."""
+    what = f"{where.method} {where.path}"
+    code = headers.get(SMG_ERROR_HEADER)
+    worker = headers.get(SMG_WORKER_HEADER)
+    if code is not None:
+        never_sent = code in SMG_NEVER_SENT
+        error = EngineStatusError(
+            f"SGLang's router answered HTTP {status} {code!r} to {what}: {excerpt!r};"
+            + (
+                " no engine got the request (it may be sent again)"
+                if never_sent
+                else " an engine may have received it: not sent again"
+            ),
+            status=status,
+            body_excerpt=excerpt,
+            url=where.url,
+            request_id=where.request_id,
+        )
+        error.retryable = never_sent
+        return error
+    if worker is not None and worker != where.url:
+        # The engine's own answer: name it, so that an engine failing behind the router
+        # does not count as the router failing.
+        return EngineStatusError(
+            f"engine {worker} (through SGLang's router at {where.url}) answered HTTP"
+            f" {status} {reason} to {what}: {excerpt!r}",
+            status=status,
+            body_excerpt=excerpt,
+            url=worker,
+            request_id=where.request_id,
+        )
+    return EngineStatusError(
+        f"engine answered HTTP {status} {reason} to {what}: {excerpt!r}",
+        status=status,
+        body_excerpt=excerpt,
+        url=where.url,
+        request_id=where.request_id,
+    )
 
 
 def truncated_message(where: Attempt) -> str:

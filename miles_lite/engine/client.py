@@ -10,6 +10,7 @@ failures are translated in one place (:mod:`miles_lite.engine._errors`).
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,17 +21,20 @@ from miles_lite._core import json as _json
 from miles_lite._core.resources import AsyncResource
 from miles_lite._core.validate import check_seconds
 from miles_lite.engine._body import fill_view, read_all_chunks, read_excerpt, writable_bytes
-from miles_lite.engine._errors import Attempt, Failure, Progress, Timeouts, engine_error
+from miles_lite.engine._errors import (
+    Attempt,
+    Failure,
+    Progress,
+    Timeouts,
+    engine_error,
+    status_error,
+)
 from miles_lite.engine._retry import retry_call
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_fresh
+from miles_lite.engine.smg import route_headers
 from miles_lite.engine.transport import AiohttpTransport, AsyncTransport, Request
-from miles_lite.errors import (
-    BodyTooLargeError,
-    EngineError,
-    EngineProtocolError,
-    EngineStatusError,
-)
+from miles_lite.errors import BodyTooLargeError, EngineError, EngineProtocolError
 
 __all__ = ["EngineClient", "EngineClientStatistics"]
 
@@ -127,6 +131,7 @@ class EngineClient(AsyncResource):
         into: BodyAllocator | None = None,
         timeout_s: float | None = None,
         retry: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> RawResponse:
         """POST ``payload`` as JSON to ``url + path`` and return the 2xx answer unparsed.
 
@@ -145,6 +150,10 @@ class EngineClient(AsyncResource):
         retried under ``config.retry`` on this engine; ``retry=False`` makes one attempt
         (:meth:`Router.call` retries on another engine instead).
 
+        ``headers`` are sent with this request only (over the config's ``headers``).
+        Inside ``Router.call(fn, key=...)`` through SGLang's router, the sticky key's
+        header is added to requests to the router (:mod:`miles_lite.engine.smg`).
+
         Raises ``EngineStatusError`` (non-2xx; ``status``, ``body_excerpt``),
         ``EngineUnavailableError``, ``EngineTimeoutError``, ``EngineProtocolError``
         (truncated body, unsupported Content-Encoding), ``BodyTooLargeError`` (over
@@ -154,7 +163,9 @@ class EngineClient(AsyncResource):
         cancellation the connection is closed and nothing is returned.
         """
         data = _json.dumps(payload)
-        return await self._call("POST", url, path, data, request_id, into, timeout_s, retry)
+        return await self._call(
+            "POST", url, path, data, request_id, into, timeout_s, retry, headers
+        )
 
     async def get_json(
         self,
@@ -164,14 +175,15 @@ class EngineClient(AsyncResource):
         request_id: str | None = None,
         timeout_s: float | None = None,
         retry: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """GET ``url + path`` and return the answer parsed as JSON (``None`` if empty).
 
-        For control endpoints (``/model_info``, ``/v1/loads``). Retried like :meth:`post`.
-        Raises the errors of :meth:`post`, and ``EngineProtocolError`` when the body is not
-        JSON. Cancellation propagates.
+        For control endpoints (``/model_info``, ``/v1/loads``). Retried and given
+        ``headers`` like :meth:`post`. Raises the errors of :meth:`post`, and
+        ``EngineProtocolError`` when the body is not JSON. Cancellation propagates.
         """
-        raw = await self._call("GET", url, path, None, request_id, None, timeout_s, retry)
+        raw = await self._call("GET", url, path, None, request_id, None, timeout_s, retry, headers)
         return _parse_json(raw, "GET", path)
 
     async def post_json(
@@ -183,16 +195,18 @@ class EngineClient(AsyncResource):
         request_id: str | None = None,
         timeout_s: float | None = None,
         retry: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """POST ``payload`` as JSON (no body if ``None``) and return the answer parsed as JSON.
 
         For ``/generate`` and control endpoints (``/abort_request``,
-        ``/pause_generation``); an empty answer gives ``None``. Retried like :meth:`post`
-        (``retry=False``: one attempt). Raises the errors of :meth:`post`, and
-        ``EngineProtocolError`` when the body is not JSON. Cancellation propagates.
+        ``/pause_generation``); an empty answer gives ``None``. Retried and given
+        ``headers`` like :meth:`post` (``retry=False``: one attempt). Raises the errors of
+        :meth:`post`, and ``EngineProtocolError`` when the body is not JSON. Cancellation
+        propagates.
         """
         data = None if payload is None else _json.dumps(payload)
-        raw = await self._call("POST", url, path, data, request_id, None, timeout_s, retry)
+        raw = await self._call("POST", url, path, data, request_id, None, timeout_s, retry, headers)
         return _parse_json(raw, "POST", path)
 
     async def health(
@@ -229,6 +243,7 @@ class EngineClient(AsyncResource):
         into: BodyAllocator | None,
         timeout_s: float | None,
         retry: bool,
+        headers: Mapping[str, str] | None = None,
     ) -> RawResponse:
         self._check_open(url=url, request_id=request_id)
         if timeout_s is None:
@@ -237,12 +252,16 @@ class EngineClient(AsyncResource):
             check_seconds("EngineClient", "timeout_s", timeout_s)
             timeouts = self._bounds(timeout_s)
         allocator: BodyAllocator = into if into is not None else allocate_fresh
+        routed = route_headers(url)
+        if routed is not None:
+            headers = {**headers, **routed} if headers else routed
+        sent_headers = dict(headers) if headers else None
         self._requests += 1
 
         async def attempt() -> RawResponse:
             self._check_open(url=url, request_id=request_id)
             where = Attempt(method, url, path, request_id, timeouts, Progress())
-            return await self._exchange(Request(where, data), allocator)
+            return await self._exchange(Request(where, data, sent_headers), allocator)
 
         try:
             if not retry:
@@ -267,13 +286,7 @@ class EngineClient(AsyncResource):
         try:
             if not 200 <= stream.status < 300:
                 excerpt = await read_excerpt(stream, where.progress)
-                raise EngineStatusError(
-                    f"engine answered HTTP {stream.status} {stream.reason} to"
-                    f" {where.method} {where.path}: {excerpt!r}",
-                    status=stream.status,
-                    body_excerpt=excerpt,
-                    **ctx,
-                )
+                raise status_error(where, stream.status, stream.reason, stream.headers, excerpt)
             encoding = stream.headers.get("Content-Encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise EngineProtocolError(

@@ -1,5 +1,6 @@
 """Settings of the engine layer: the client's limits, the retry policy, the router's health
-checks and in-flight bound, and :class:`EngineConfig`, which a rollout config holds.
+checks and in-flight bound, generation through SGLang's router (:class:`SmgConfig`), and
+:class:`EngineConfig`, which a rollout config holds.
 
 Every setting has one owner: a rollout's engine limits live in its ``engines`` field, a
 request's limits in :class:`EngineClientConfig` (the worker-side fetch of
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from miles_lite._core.validate import check_int, check_number, check_seconds, check_type
 from miles_lite.errors import ConfigError
 
-__all__ = ["EngineClientConfig", "EngineConfig", "RetryPolicy", "RouterConfig"]
+__all__ = ["EngineClientConfig", "EngineConfig", "RetryPolicy", "RouterConfig", "SmgConfig"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -145,6 +146,53 @@ class EngineClientConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SmgConfig:
+    """Generation through SGLang's router (``smg``) at the one URL a rollout is opened on.
+
+    Generations (``/generate``, chat) go to the router, which picks the engine, checks
+    its health and balances the load; aborts, pauses, weight updates and ``/v1/loads`` go
+    straight to the engines, whose URLs the router's ``GET /workers`` lists (read when the
+    rollout opens, and again every ``RouterConfig.health_interval_s``). A sticky key
+    (an agent session's) travels as the ``routing_key_header`` header.
+
+    The router must run with ``--disable-retries`` (see
+    :func:`~miles_lite.engine.smg.smg_launch_args`): otherwise it sends a generation an
+    engine already received to another engine when the first dies or answers 5xx (the
+    same rid generated twice), and rewrites ``/generate`` bodies (it drops sampling keys
+    such as ``spaces_between_special_tokens`` and rounds floats to 32 bits); with it,
+    bodies reach the engine byte for byte. Sticky keys are honoured by its
+    ``--policy consistent_hashing`` (or ``manual``).
+
+    Raises :class:`~miles_lite.errors.ConfigError` naming the field on a bad value.
+
+    Usage: ``RouterConfig(max_inflight_per_engine=256, smg=SmgConfig(min_workers=4))``.
+    """
+
+    #: Healthy engines the router must list before the rollout opens (>= 1).
+    min_workers: int = 1
+    #: Longest wait for them when the rollout opens, in seconds; then the open fails with
+    #: ``EngineUnavailableError``.
+    open_timeout_s: float = 60.0
+    #: The header the router reads a sticky key from (its ``--routing-key-headers``);
+    #: keys over 128 characters are ignored by smg (routed at random).
+    routing_key_header: str = "X-SMG-Routing-Key"
+
+    def __post_init__(self) -> None:
+        check_int("SmgConfig", "min_workers", self.min_workers)
+        check_seconds("SmgConfig", "open_timeout_s", self.open_timeout_s)
+        header = self.routing_key_header
+        if (
+            not isinstance(header, str)
+            or not header
+            or not header.isascii()
+            or (any(c in header for c in " :\t\r\n"))
+        ):
+            raise ConfigError(
+                f"SmgConfig.routing_key_header must be an HTTP header name, got {header!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RouterConfig:
     """How many requests each engine takes at once, how the router checks engine health,
     and how long a lease may wait (seconds).
@@ -177,6 +225,11 @@ class RouterConfig:
     #: Least time out of rotation before a passing /health probe lets an engine back in
     #: (seconds, >= 0). Counted from its removal.
     readmit_cooldown_s: float = 10.0
+    #: Generate through SGLang's router (smg) at the one URL given, instead of choosing
+    #: among engine URLs (see :class:`SmgConfig`). The router then holds one lease queue
+    #: for the front, ``max_inflight_per_engine`` x the healthy engines it lists; health
+    #: is its ``/readiness``; which engine serves is smg's choice.
+    smg: SmgConfig | None = None
 
     def __post_init__(self) -> None:
         owner = "RouterConfig"
@@ -185,6 +238,8 @@ class RouterConfig:
             check_seconds(owner, name, getattr(self, name))
         for name in ("failure_threshold", "max_sticky_keys", "max_inflight_per_engine"):
             check_int(owner, name, getattr(self, name))
+        if self.smg is not None:
+            check_type(owner, "smg", self.smg, SmgConfig)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

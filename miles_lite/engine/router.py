@@ -1,13 +1,18 @@
 """The router: leases on engines (:mod:`~miles_lite.engine.balancer`), their health
 (:mod:`~miles_lite.engine.health`), and :meth:`Router.call`, the one retry loop of
 requests to engines.
+
+With ``RouterConfig.smg`` it leases SGLang's router instead (:mod:`~miles_lite.engine.smg`):
+one front, whose engines it lists for the control senders (:attr:`Router.urls`,
+:meth:`Router.engines_behind`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,7 +23,9 @@ from miles_lite._core.resources import AsyncResource
 from miles_lite.engine._retry import retry_call
 from miles_lite.engine.balancer import Balancer, EngineSlot, EngineState
 from miles_lite.engine.config import RetryPolicy, RouterConfig
+from miles_lite.engine.control import abort_request
 from miles_lite.engine.health import HealthMonitor
+from miles_lite.engine.smg import SmgFront, SmgWorker, sticky
 
 if TYPE_CHECKING:
     from miles_lite.engine.client import EngineClient
@@ -35,12 +42,17 @@ class RouterStatistics:
 
     ``waits``: leases that found no healthy engine and waited; ``wait_timeouts``: those
     that gave up with ``EngineUnavailableError``; ``health_rounds``: probe rounds run.
+    Through SGLang's router, ``engines`` holds the one front and ``workers`` the engines
+    it listed last (``()`` otherwise); ``worker_refresh_failures`` counts failed reads of
+    that list.
     """
 
     engines: tuple[EngineState, ...]
     waits: int
     wait_timeouts: int
     health_rounds: int
+    workers: tuple[SmgWorker, ...] = ()
+    worker_refresh_failures: int = 0
 
 
 class Router(AsyncResource):
@@ -50,6 +62,14 @@ class Router(AsyncResource):
     leaving cancels it and waits for it (nothing outlives the block). Leases are refused
     (``ClosedResourceError``) outside the block. Not thread-safe; use it from one event
     loop.
+
+    With ``config.smg`` (SGLang's router at the one URL given): entering waits until it
+    lists ``min_workers`` healthy engines; every lease is on the router's URL, at most
+    ``max_inflight_per_engine`` x the healthy engines it lists at once (read again every
+    ``health_interval_s``); it leaves the rotation after ``failure_threshold`` failures of
+    its own (unreachable, no engine available) and comes back when ``/readiness``
+    passes. Which engine serves, and engine health, are smg's; a sticky key reaches it
+    as a header. :attr:`urls` are the engines it lists, for aborts, pauses and weights.
 
     Usage::
 
@@ -62,6 +82,7 @@ class Router(AsyncResource):
 
     def __init__(self, urls: Sequence[str], client: EngineClient, config: RouterConfig) -> None:
         super().__init__()
+        self._front = SmgFront(urls, client, config) if config.smg is not None else None
         self._balancer = Balancer(urls, config)
         self._client = client
         self._config = config
@@ -71,17 +92,66 @@ class Router(AsyncResource):
 
     @property
     def urls(self) -> tuple[str, ...]:
-        """Every engine's URL, in the order given."""
+        """Every engine's URL, in the order given; through SGLang's router, the engines it
+        listed last (the targets of aborts, pauses and weight updates)."""
+        if self._front is not None:
+            return self._front.engine_urls
         return self._balancer.urls
 
     @property
     def healthy_urls(self) -> tuple[str, ...]:
-        """The URLs of engines in rotation, in the order given."""
+        """The URLs of engines in rotation, in the order given; through SGLang's router,
+        those it reports healthy."""
+        if self._front is not None:
+            return self._front.healthy_urls
         return self._balancer.healthy_urls
 
     @property
+    def front(self) -> str | None:
+        """SGLang's router URL when generating through it (``config.smg``), else None."""
+        return self._front.url if self._front is not None else None
+
+    def engines_behind(self, url: str) -> tuple[str, ...]:
+        """The engines a request sent to ``url`` may be running at: every engine the
+        router lists when ``url`` is SGLang's router (which engine took it is smg's
+        choice), else ``url`` itself."""
+        if self._front is not None and url == self._front.url:
+            return self._front.engine_urls
+        return (url,)
+
+    def abort_targets(self, rids_by_url: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
+        """``rids_by_url`` (rids by the URL each was sent to) as rids by engine, for
+        :func:`~miles_lite.engine.control.abort_requests`: a rid sent to SGLang's router
+        is aborted at every engine it lists (an engine without it ignores the abort)."""
+        out: dict[str, list[str]] = {}
+        for url, rids in rids_by_url.items():
+            for engine in self.engines_behind(url):
+                out.setdefault(engine, []).extend(rids)
+        return out
+
+    async def abort_request(self, url: str, rid: str, *, timeout_s: float) -> bool:
+        """Abort ``rid``, sent to ``url``, at the engine(s) that may hold it
+        (:meth:`engines_behind`), concurrently, with
+        :func:`~miles_lite.engine.control.abort_request`: one attempt each, bounded by
+        ``timeout_s`` and shielded from cancellation. Whether an engine took it."""
+        engines = self.engines_behind(url)
+        if len(engines) == 1:
+            return await abort_request(self._client, engines[0], rid, timeout_s=timeout_s)
+        taken: list[bool] = []
+
+        async def one(engine: str) -> None:
+            taken.append(await abort_request(self._client, engine, rid, timeout_s=timeout_s))
+
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for engine in engines:
+                    tg.start_soon(one, engine)
+        return any(taken)
+
+    @property
     def capacity(self) -> int:
-        """Requests the engines take at once: ``max_inflight_per_engine`` x engines."""
+        """Requests the engines take at once: ``max_inflight_per_engine`` x engines (through
+        SGLang's router, x the healthy engines it listed last)."""
         return self._balancer.capacity
 
     @property
@@ -100,17 +170,20 @@ class Router(AsyncResource):
             return self._balancer.by_url[url].in_flight
         except KeyError:
             raise KeyError(
-                f"{url!r} is not one of the router's engines {list(self.urls)}"
+                f"{url!r} is not one of the router's engines {list(self._balancer.urls)}"
             ) from None
 
     def statistics(self) -> RouterStatistics:
         """A snapshot of every engine's state and of the lease waits."""
         balancer = self._balancer
+        front = self._front
         return RouterStatistics(
             engines=tuple(engine.state() for engine in balancer.engines),
             waits=balancer.waits,
             wait_timeouts=balancer.wait_timeouts,
             health_rounds=self._health.rounds,
+            workers=front.workers if front is not None else (),
+            worker_refresh_failures=front.refresh_failures if front is not None else 0,
         )
 
     def forget(self, key: str) -> None:
@@ -156,13 +229,23 @@ class Router(AsyncResource):
         eat every retry). ``fn`` must not retry by itself (the client's ``retry=False``).
         Only what never reached an engine and 502/503/504 answers are retried;
         ``policy`` defaults to the client's. Cancellation propagates at once.
+
+        Through SGLang's router, ``key`` goes with the requests ``fn`` sends to it as the
+        ``SmgConfig.routing_key_header`` header (see :mod:`miles_lite.engine.smg`).
         """
         failed: set[str] = set()
+        front = self._front
 
         async def attempt() -> T:
             async with self.lease(key, exclude=failed) as url:
+                routed = (
+                    sticky(url, front.smg.routing_key_header, key)
+                    if front is not None and key is not None
+                    else nullcontext()
+                )
                 try:
-                    return await fn(url)
+                    with routed:
+                        return await fn(url)
                 except Exception as exc:
                     if RetryPolicy.should_retry(exc):
                         failed.add(url)
@@ -228,11 +311,35 @@ class Router(AsyncResource):
         return await self.call(send, key=key)
 
     async def _open(self) -> None:
+        front = self._front
+        if front is not None:
+            await front.wait_ready()
+            self._front_round(True)
         stack = AsyncExitStack()
         task_group = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
-        task_group.start_soon(self._health.run, name=f"router health loop {self._describe()}")
+        name = f"router health loop {self._describe()}"
+        if front is not None:
+            task_group.start_soon(front.run, self._front_round, name=name)
+        else:
+            task_group.start_soon(self._health.run, name=name)
         stack.callback(task_group.cancel_scope.cancel)
+
+    def _front_round(self, ready: bool) -> None:
+        """After a health round through SGLang's router: its readiness feeds the front's
+        streak, and the healthy engines it lists set the front's in-flight bound."""
+        front = self._front
+        if front is None:
+            return
+        balancer = self._balancer
+        self._health.rounds += 1
+        balancer.record_probe(balancer.engines[0], ready)
+        limit = self._config.max_inflight_per_engine * max(1, len(front.healthy_urls))
+        if limit != balancer.config.max_inflight_per_engine:
+            grew = limit > balancer.config.max_inflight_per_engine
+            balancer.config = dataclasses.replace(self._config, max_inflight_per_engine=limit)
+            if grew:
+                balancer.wake_all()  # leases waiting for a slot may take the new ones
 
     async def _close(self) -> None:
         self._balancer.closed = True

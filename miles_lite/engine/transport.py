@@ -18,6 +18,7 @@ from typing import Protocol
 
 import aiohttp
 import anyio
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from miles_lite.engine._errors import Attempt, Failure, engine_error
 from miles_lite.engine.config import EngineClientConfig
@@ -44,10 +45,12 @@ _JSON_HEADERS = {"Accept-Encoding": "identity", "Content-Type": "application/jso
 @dataclass(frozen=True, slots=True)
 class Request:
     """One request as a transport sends it: ``attempt`` names it in errors; ``body`` is
-    JSON bytes (``None``: no body, a GET)."""
+    JSON bytes (``None``: no body, a GET); ``headers`` are this request's own (a sticky
+    key for SGLang's router), sent over the client's."""
 
     attempt: Attempt
     body: bytes | None = None
+    headers: Mapping[str, str] | None = None
 
     @property
     def method(self) -> str:
@@ -230,12 +233,15 @@ class AiohttpTransport:
         timeout = aiohttp.ClientTimeout(
             total=timeouts.total_s, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
         )
+        headers = _GET_HEADERS if request.body is None else _JSON_HEADERS
+        if request.headers:
+            headers = {**headers, **request.headers}
         with _translated(attempt):
             response = await session.request(
                 attempt.method,
                 _join(attempt.url, attempt.path),
                 data=request.body,
-                headers=_GET_HEADERS if request.body is None else _JSON_HEADERS,
+                headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
             )
@@ -314,10 +320,12 @@ class _MockStream:
 
     @property
     def headers(self) -> Mapping[str, str]:
-        headers = {"Content-Type": self._response.content_type, **self._response.headers}
+        # Case-insensitive, as aiohttp's: a handler may spell a header either way.
+        headers = CIMultiDict({"Content-Type": self._response.content_type})
+        headers.update(self._response.headers)
         if self._length is not None:
             headers["Content-Length"] = str(self._length)
-        return headers
+        return CIMultiDictProxy(headers)
 
     @property
     def content_type(self) -> str:

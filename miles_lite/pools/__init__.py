@@ -1,4 +1,5 @@
-"""Worker pools: parser (decode off the loop, hand tensors over in shared memory) and reward."""
+"""Worker pools: parser (decode off the loop, hand tensors over in shared memory) and reward
+(local processes, or a Dask cluster: :class:`DaskRewardPool`)."""
 
 import typing
 
@@ -6,12 +7,14 @@ from miles_lite._core.lazy import lazy_exports as _lazy_exports
 
 if typing.TYPE_CHECKING:
     from miles_lite.pools.arena import Arena, ArenaConfig, Lease
+    from miles_lite.pools.dask_pool import DaskRewardPool
     from miles_lite.pools.parser_pool import ParsedBody, ParserPool, ParserPoolConfig
     from miles_lite.pools.reward_pool import (
         ApiRewardPool,
         RewardFn,
         RewardPool,
         RewardPoolLike,
+        RewardPoolStatistics,
         reward_view,
     )
     from miles_lite.pools.worker_pool import (
@@ -28,12 +31,14 @@ __getattr__, __dir__ = _lazy_exports(
     __name__,
     {
         "miles_lite.pools.arena": ["Arena", "ArenaConfig", "Lease"],
+        "miles_lite.pools.dask_pool": ["DaskRewardPool"],
         "miles_lite.pools.parser_pool": ["ParsedBody", "ParserPool", "ParserPoolConfig"],
         "miles_lite.pools.reward_pool": [
             "ApiRewardPool",
             "RewardFn",
             "RewardPool",
             "RewardPoolLike",
+            "RewardPoolStatistics",
             "reward_view",
         ],
         "miles_lite.pools.worker_pool": [
@@ -50,6 +55,7 @@ __all__ = [
     "ApiRewardPool",
     "Arena",
     "ArenaConfig",
+    "DaskRewardPool",
     "ExecutorFactory",
     "Lease",
     "ParsedBody",
@@ -60,6 +66,7 @@ __all__ = [
     "RewardFn",
     "RewardPool",
     "RewardPoolLike",
+    "RewardPoolStatistics",
     "WorkerPool",
     "process_executor_factory",
     "reward_view",

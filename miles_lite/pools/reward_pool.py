@@ -9,6 +9,8 @@
 
 Both count queue depth as DESIGN.md defines it: at each call, the calls its worker (for an
 API pool: the scorer) already had in flight; a call counts until its scores return.
+:class:`~miles_lite.pools.dask_pool.DaskRewardPool` runs the same functions on a Dask
+cluster.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import cloudpickle
@@ -36,12 +39,50 @@ from miles_lite.pools.worker_pool import (
 )
 from miles_lite.types import Sample
 
-__all__ = ["ApiRewardPool", "RewardFn", "RewardPool", "RewardPoolLike", "reward_view"]
+__all__ = [
+    "ApiRewardPool",
+    "RewardFn",
+    "RewardPool",
+    "RewardPoolLike",
+    "RewardPoolStatistics",
+    "checked_scores",
+    "reward_view",
+    "tensor_bytes",
+]
 
 RewardFn = Callable[[list[Sample]], list[Any]]
 
 #: Default seconds one reward call may run before its worker is killed and replaced.
 DEFAULT_REWARD_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RewardPoolStatistics:
+    """Counters of a reward pool since it was made (a snapshot).
+
+    ``calls``: score calls; ``failures``: those that raised; ``crashes``: of those, a
+    worker died; ``timeouts``: of those, ``timeout_s`` passed; ``tensor_bytes_sent``:
+    tensor bytes that travelled to workers with the calls (0 when every output lay in the
+    arena: the worker reads it in place); ``in_flight``: calls running now.
+    """
+
+    calls: int = 0
+    failures: int = 0
+    crashes: int = 0
+    timeouts: int = 0
+    tensor_bytes_sent: int = 0
+    in_flight: int = 0
+
+
+def tensor_bytes(views: list[Sample]) -> int:
+    """The bytes of the tensors in ``views`` (reward views) that a worker gets by value:
+    ``generated_output`` unless it is an arena place."""
+    total = 0
+    for view in views:
+        output = view.generated_output
+        if output is not None and hasattr(output, "element_size") and hasattr(output, "numel"):
+            total += int(output.element_size()) * int(output.numel())
+    return total
 
 
 class RewardPoolLike(Protocol):
@@ -143,6 +184,7 @@ class RewardPool(AsyncResource):
         self.fn = fn
         self.arena = arena
         self.timeout_s = timeout_s
+        self._counts = dict.fromkeys(("calls", "failures", "timeouts", "tensor_bytes_sent"), 0)
         self._fn_name = getattr(fn, "__qualname__", None) or type(fn).__name__
         blob = cloudpickle.dumps(fn)
         handle = arena.handle if arena is not None else None
@@ -175,6 +217,13 @@ class RewardPool(AsyncResource):
         """Statistics of the calls made inside the block."""
         return self._pool.measure()
 
+    def statistics(self) -> RewardPoolStatistics:
+        """A snapshot of the pool's counters."""
+        pool = self._pool.statistics()
+        return RewardPoolStatistics(
+            crashes=pool.crashes, in_flight=sum(pool.in_flight), **self._counts
+        )
+
     async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
         """Score ``samples`` in one worker call; one float or dict per sample, in order.
 
@@ -182,12 +231,25 @@ class RewardPool(AsyncResource):
         wrong number of scores or a NaN/inf, runs past ``timeout_s``, or its worker dies.
         """
         views = [reward_view(s, self.arena) for s in samples]
+        counts = self._counts
+        counts["calls"] += 1
+        counts["tensor_bytes_sent"] += tensor_bytes(views)
+        try:
+            return await self._score(views, samples)
+        except RewardError:
+            counts["failures"] += 1
+            raise
+
+    async def _score(
+        self, views: list[Sample], samples: list[Sample]
+    ) -> list[float | dict[str, Any]]:
         try:
             # The samples stay referenced until a cancelled call ends: the worker reads them.
             scores = await self._pool.run(
                 _score, views, after_cancel=_Keep(samples), timeout_s=self.timeout_s
             )
         except WorkerTimeoutError as exc:
+            self._counts["timeouts"] += 1
             raise RewardError(
                 f"reward {self.name!r} ({self._fn_name}) did not return within its timeout "
                 f"of {self.timeout_s} s (RewardPool timeout_s); its worker was replaced"
@@ -196,7 +258,7 @@ class RewardPool(AsyncResource):
             # Name the user's function: the pool's own wrapper (_score) means nothing to them.
             message = str(exc).replace("'_score'", repr(self._fn_name))
             raise RewardError(f"reward {self.name!r} ({self._fn_name}) failed: {message}") from exc
-        return _checked(self.name, scores, samples)
+        return checked_scores(self.name, scores, samples)
 
 
 class ApiRewardPool:
@@ -228,7 +290,7 @@ class ApiRewardPool:
             raise RewardError(f"reward {self.name!r} failed: {exc}") from exc
         finally:
             self._in_flight -= 1
-        return _checked(self.name, list(scores), samples)
+        return checked_scores(self.name, list(scores), samples)
 
 
 class _Keep:
@@ -241,7 +303,11 @@ class _Keep:
         self.samples = []
 
 
-def _checked(name: str, scores: list[Any], samples: list[Sample]) -> list[float | dict[str, Any]]:
+def checked_scores(
+    name: str, scores: list[Any], samples: list[Sample]
+) -> list[float | dict[str, Any]]:
+    """``scores`` of reward ``name`` for ``samples``, checked: one per sample, each a
+    finite number or a dict of finite numbers (ints become floats); RewardError if not."""
     if len(scores) != len(samples):
         raise RewardError(
             f"reward {name!r} returned {len(scores)} scores for {len(samples)} samples "

@@ -8,6 +8,8 @@
   answers (or an answer and a capture) key by key.
 - :class:`SGLangServer`: a real SGLang 0.5.23 server on this CPU, in the venv
   ``scripts/sglang-cpu/setup.sh`` builds (the conformance tier).
+- :class:`SmgRouter`: SGLang's router (``smg``, ``pip install smg``) in front of running
+  engines, launched with the flags miles_lite needs (the smg tier).
 - :class:`StandInEngine`: a diffusion engine, an aiohttp server on loopback (``async with``), configured by
   :class:`StandInConfig`, with runtime :class:`Faults` and :class:`EngineStats`.
 - :class:`EngineProcess` / :class:`EngineProcessGroup`: the same in child processes.
@@ -42,6 +44,7 @@ from miles_lite.testing.diffusion.trajectories import sigma_schedule, synthetic_
 from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import ChildProcess, ProcessGroup
 from miles_lite.testing.sglang_server import SGLangServer, SGLangServerConfig, default_sglang_venv
+from miles_lite.testing.smg_router import SmgRouter
 from miles_lite.testing.text.config import SGLANG_VERSION, TextStandInConfig
 from miles_lite.testing.text.engine import TextStandInEngine
 from miles_lite.testing.text.model import TinyModelPolicy
@@ -70,6 +73,7 @@ __all__ = [
     "RolloutRequest",
     "SGLangServer",
     "SGLangServerConfig",
+    "SmgRouter",
     "StandInConfig",
     "StandInEngine",
     "StandInError",

@@ -64,7 +64,8 @@ class TextKind:
         config = self.config
         router = self.context.router
         abort_all = config.abort_all_on_stop and alone
-        by_engine = run.in_flight.by_engine()
+        # A rid sent through SGLang's router is aborted at every engine behind it.
+        by_engine = router.abort_targets(run.in_flight.by_engine())
         # abort_all reaches every request of every engine: only when no other run of this
         # rollout is in flight (it would abort theirs too).
         targets = dict.fromkeys(router.urls, ()) if abort_all else by_engine

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from miles_lite.engine.control import abort_request
 from miles_lite.errors import EngineTimeoutError
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.spans import UnitSpan
@@ -68,7 +67,7 @@ async def post_generate(
             if not exc.retryable and sent:
                 # The engine got it and learns of the timeout only from the closed
                 # connection: stop the generation there.
-                await abort_request(client, sent[-1], rid, timeout_s=_TIMEOUT_ABORT_S)
+                await ctx.router.abort_request(sent[-1], rid, timeout_s=_TIMEOUT_ABORT_S)
             raise
     return parse_generate_answer(answer, rid=rid, url=sent[-1], vocab_size=ctx.vocab_size)
 
