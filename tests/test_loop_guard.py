@@ -47,13 +47,14 @@ def test_guard_ignores_time_other_processes_take(pytester: pytest.Pytester) -> N
 def test_guard_catches_a_short_blocking_call_of_the_library_on_both_loops(
     pytester: pytest.Pytester, loop: str
 ) -> None:
-    # run_sync from inside a running loop joins a helper thread: a blocking wait of the
-    # library on the loop's thread, however short it is.
+    # The worker-side HTTP exchange (fetch_in_parser's) called on the loop by mistake: a
+    # blocking connect of the library on the loop's thread, however short it is.
     pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
     pytester.makepyfile(
         f"""
-        import anyio, pytest
-        from miles_lite import run_sync
+        import pytest
+        from miles_lite.engine.blocking import BlockingClient, BlockingRequest
+        from miles_lite.engine.config import EngineClientConfig
 
         @pytest.fixture
         def anyio_backend():
@@ -61,7 +62,10 @@ def test_guard_catches_a_short_blocking_call_of_the_library_on_both_loops(
 
         @pytest.mark.anyio
         async def test_blocks():
-            run_sync(anyio.sleep, 0.001)
+            request = BlockingRequest.from_config(
+                EngineClientConfig(), "http://127.0.0.1:9", "/x", {{}}, request_id=None
+            )
+            BlockingClient().post_into(request, bytearray)
         """
     )
     result = pytester.runpytest("-p", "anyio")
