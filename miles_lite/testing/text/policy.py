@@ -4,7 +4,8 @@ Deterministic from the prompt and the request's seed, so tests can recompute an 
 
 - a rule ``(pattern, response)`` whose regex is found in the prompt's last turn makes the
   model answer ``response`` (tokenized with the real tokenizer) followed by EOS: tool
-  calls, ``\\boxed{}`` answers, stop strings;
+  calls, ``\\boxed{}`` answers, stop strings; a request that resumes an aborted one
+  (its prompt ends with the beginning of that answer) gets the rest of it;
 - otherwise ``default_length`` tokens drawn from a fixed vocabulary range, then EOS.
 
 Log-probs are a pure function of (position, token id): :func:`token_logprob`.
@@ -36,16 +37,37 @@ def token_logprob(position: int, token: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class TextRule:
-    """Answer ``response`` when ``pattern`` (a regex) is found in the prompt's last turn."""
+    """Answer ``response`` when ``pattern`` (a regex) is found in the prompt's last turn.
+
+    With ``alternatives``, the answer is one of ``(response, *alternatives)``, drawn from
+    the request's ``sampling_seed`` (else its rid): the samples of a group then differ,
+    as a sampled model's do (a right and a wrong ``\\boxed{}`` answer, say), and a
+    repeated request gets the same one.
+    """
 
     pattern: str
     response: str
+    alternatives: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         try:
             re.compile(self.pattern)
         except re.error as exc:
             raise ValueError(f"TextRule.pattern {self.pattern!r} is not a regex: {exc}") from exc
+        if not isinstance(self.alternatives, tuple) or not all(
+            isinstance(a, str) for a in self.alternatives
+        ):
+            raise ValueError(
+                f"TextRule.alternatives must be a tuple of str, got {self.alternatives!r}"
+            )
+
+    def pick(self, seed: int | None, rid: str | None) -> str:
+        """The response for a request with this ``seed`` (or ``rid``)."""
+        if not self.alternatives:
+            return self.response
+        digest = hashlib.blake2b(f"{seed if seed is not None else rid}".encode(), digest_size=8)
+        choices = (self.response, *self.alternatives)
+        return choices[int.from_bytes(digest.digest(), "little") % len(choices)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,14 +108,31 @@ class TextPolicy:
             last_turn = _last_turn(text)
             for rule in self.rules:
                 if re.search(rule.pattern, last_turn):
-                    ids = list(tokenizer.encode(rule.response, add_special_tokens=False))
-                    return ids + ([_eos_id(tokenizer)] if self.eos else [])
+                    response = rule.pick(seed, rid)
+                    ids = list(tokenizer.encode(response, add_special_tokens=False))
+                    ids += [_eos_id(tokenizer)] if self.eos else []
+                    return _continued(tokenizer, prompt_ids, ids)
         digest = hashlib.blake2b(digest_size=8)
         digest.update(f"{self.seed}:{seed if seed is not None else rid}:".encode())
         digest.update(array("q", prompt_ids).tobytes())
         rand = random.Random(int.from_bytes(digest.digest(), "little"))
         ids = [rand.randrange(*_VOCAB_RANGE) for _ in range(self.default_length)]
         return ids + ([_eos_id(tokenizer)] if self.eos else [])
+
+
+def _continued(tokenizer: Any, prompt_ids: Sequence[int], answer: list[int]) -> list[int]:
+    """What is left of ``answer`` when the prompt already ends with its beginning (a
+    request resuming an aborted one sends its partial output back): the rest of it, as a
+    model continues a partial turn; else all of it."""
+    opener = list(tokenizer.encode(f"{_TURN}assistant\n", add_special_tokens=False))
+    width = len(opener)
+    for at in range(len(prompt_ids) - width, -1, -1):
+        if list(prompt_ids[at : at + width]) == opener:
+            partial = list(prompt_ids[at + width :])
+            if partial and answer[: len(partial)] == partial:
+                return answer[len(partial) :]
+            return answer
+    return answer
 
 
 def _last_turn(text: str) -> str:
