@@ -22,7 +22,7 @@ from miles_lite.engine.config import EngineConfig, RouterConfig
 from miles_lite.errors import ConfigError
 from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.filters import GroupFilter, drop_aborted, drop_failed, drop_zero_std
-from miles_lite.rollout.groups import PromptGroup
+from miles_lite.rollout.groups import PromptGroup, check_prompts
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.startup import startup_step
 from miles_lite.sglang.sampling import TextSamplingParams
@@ -167,17 +167,15 @@ def load_prompts(path: str | os.PathLike[str], input_key: str, label_key: str) -
             raise CliError(
                 f"{path} line {number} has no {input_key!r} key (--input-key); it has {sorted(row)}"
             )
-        prompt = row.pop(input_key)
-        label = row.pop(label_key, None)
-        prompts.append(PromptGroup(prompt=prompt, label=label, metadata=row))
+        group = PromptGroup(prompt=row.pop(input_key), label=row.pop(label_key, None), metadata=row)
+        try:
+            check_prompts([group])
+        except ConfigError as exc:
+            problem = str(exc).replace("run() prompt 0", "the prompt", 1)
+            raise CliError(f"{path} line {number}: {problem}") from exc
+        prompts.append(group)
     if not prompts:
         raise CliError(f"the prompt file {path} has no prompts")
-    from miles_lite.rollout.groups import check_prompts
-
-    try:
-        check_prompts(prompts)
-    except ConfigError as exc:
-        raise CliError(f"{path}: {exc}".replace("run() prompt", "prompt on line")) from exc
     return prompts
 
 
