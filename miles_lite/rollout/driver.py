@@ -389,12 +389,14 @@ class _Run:
 def _progress_bar(total: int) -> Any:
     """A tqdm bar: the widget in a notebook with ipywidgets, else the text bar (in a
     kernel without ipywidgets, ``tqdm.auto`` would warn "IProgress not found" on every
-    first use and fall back to the text bar anyway)."""
+    first use and fall back to the text bar anyway). In a notebook the finished bar stays
+    under the cell; in a terminal it goes."""
     import importlib.util
     import sys
 
-    if "ipykernel" in sys.modules and importlib.util.find_spec("ipywidgets") is None:
+    in_kernel = "ipykernel" in sys.modules
+    if in_kernel and importlib.util.find_spec("ipywidgets") is None:
         from tqdm.std import tqdm
     else:
         from tqdm.auto import tqdm
-    return tqdm(total=total, unit="sample", desc="rollout", leave=False)
+    return tqdm(total=total, unit="sample", desc="rollout", leave=in_kernel)
