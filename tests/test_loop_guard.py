@@ -47,14 +47,14 @@ def test_guard_ignores_time_other_processes_take(pytester: pytest.Pytester) -> N
 def test_guard_catches_a_short_blocking_call_of_the_library_on_both_loops(
     pytester: pytest.Pytester, loop: str
 ) -> None:
-    # The worker-side HTTP exchange (fetch_in_parser's) called on the loop by mistake: a
-    # blocking connect of the library on the loop's thread, however short it is.
+    # Writing a trace (a file) on the loop by mistake: a blocking write of the library on the
+    # loop's thread, however short it is.
     pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
     pytester.makepyfile(
         f"""
         import pytest
-        from miles_lite.engine.blocking import BlockingClient, BlockingRequest
-        from miles_lite.engine.config import EngineClientConfig
+        from miles_lite.rollout.result import RolloutResult
+        from miles_lite.rollout.trace import write_trace
 
         @pytest.fixture
         def anyio_backend():
@@ -62,13 +62,12 @@ def test_guard_catches_a_short_blocking_call_of_the_library_on_both_loops(
 
         @pytest.mark.anyio
         async def test_blocks():
-            request = BlockingRequest.from_config(
-                EngineClientConfig(), "http://127.0.0.1:9", "/x", {{}}, request_id=None
-            )
-            BlockingClient().post_into(request, bytearray)
+            write_trace(RolloutResult(groups=[]), "trace.json")
         """
     )
-    result = pytester.runpytest("-p", "anyio")
+    # In a subprocess: the inner run imports torch and numpy, which cannot be imported twice
+    # in one process (an in-process pytester run drops and re-imports what it loaded).
+    result = pytester.runpytest_subprocess("-p", "anyio")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 1, outcomes
     assert "BlockingError" in result.stdout.str()
