@@ -83,7 +83,9 @@ class Notebook:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Notebook:
-        kw = {} if self._env is None else {"env": {**os.environ, **self._env}}  # env REPLACES os.environ
+        kw = (
+            {} if self._env is None else {"env": {**os.environ, **self._env}}
+        )  # env REPLACES os.environ
         self._setup = self.client.async_setup_kernel(**kw)
         try:
             self._loop.run_until_complete(self._setup.__aenter__())
@@ -121,7 +123,9 @@ class Notebook:
     def kernel_pid(self) -> int:
         return self.client.km.provisioner.pid  # type: ignore[union-attr]
 
-    def _on_cell_executed(self, cell: NotebookNode, cell_index: int, execute_reply: dict[str, Any]) -> None:
+    def _on_cell_executed(
+        self, cell: NotebookNode, cell_index: int, execute_reply: dict[str, Any]
+    ) -> None:
         self._reply = execute_reply
 
     # -- running -----------------------------------------------------------------------------
@@ -148,7 +152,9 @@ class Notebook:
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if not done:
             name = await self._stop(task, grace=self.cell_timeout)
-            raise TimeoutError(f"cell {index} ran past {timeout}s; interrupted ({name or 'finished'})")
+            raise TimeoutError(
+                f"cell {index} ran past {timeout}s; interrupted ({name or 'finished'})"
+            )
         result = task.result()  # raises CellExecutionError
         self._check_not_aborted(index)
         return result
@@ -159,7 +165,9 @@ class Notebook:
         # does not raise. Make that loud.
         status = (self._reply or {}).get("content", {}).get("status")
         if status == "aborted":
-            raise RuntimeError(f"cell {index} was aborted by the kernel (sent while it handled an error)")
+            raise RuntimeError(
+                f"cell {index} was aborted by the kernel (sent while it handled an error)"
+            )
 
     async def _stop(self, task: asyncio.Future[Any], grace: float) -> str:
         """Interrupt the kernel and wait (bounded) until ``task``'s cell has ended."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -88,3 +89,18 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
     )
     assert modes["stop@16"]["running_after"] == 0
     assert chart.stat().st_size > 10_000
+
+
+def test_a_quick_text_layer_run_never_writes_over_the_readme_chart() -> None:
+    spec = importlib.util.spec_from_file_location("text_layer", ROOT / "benchmarks/text_layer.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    readme_chart = ROOT / "benchmarks" / "text_layer.png"
+    assert module.default_png(quick=False) == readme_chart
+    assert module.default_png(quick=True).parent != readme_chart.parent
+    assert "text_layer.png" in (ROOT / "README.md").read_text()

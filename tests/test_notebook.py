@@ -24,29 +24,29 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
 SETUP, REWARD, TEXT, AGENT_DEF, AGENT, DIFFUSION, PICTURE, STOP = 1, 3, 5, 7, 8, 10, 12, 13
 
 
+def _in_group(process: psutil.Process, pgid: int) -> bool:
+    try:
+        return os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, psutil.Error):
+        return False
+
+
 def kernel_group(pgid: int) -> set[int]:
-    """Processes of the kernel's process group (the kernel, its stand-ins, pool workers,
-    the fork server), the kernel itself left out."""
-    found = set()
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(process.pid) == pgid and process.pid != pgid:
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    found.add(process.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return found
+    """Processes of the kernel's process group (its stand-ins, pool workers, the fork
+    server), the kernel itself left out."""
+    return {p.pid for p in psutil.process_iter(["pid"]) if p.pid != pgid and _in_group(p, pgid)}
+
+
+def _maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
 
 
 def arenas_of(pids: set[int]) -> int:
     """Shared-memory arenas (memfds) these processes map."""
-    count = 0
-    for pid in pids:
-        try:
-            count += Path(f"/proc/{pid}/maps").read_text().count("memfd:miles_lite_arena")
-        except OSError:
-            continue
-    return count
+    return sum(_maps(pid).count("memfd:miles_lite_arena") for pid in pids)
 
 
 def listening_ports(pid: int) -> set[int]:
