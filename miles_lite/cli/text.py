@@ -51,7 +51,7 @@ _FILTERS: dict[str, GroupFilter] = {
 
 def build_config(args: argparse.Namespace) -> TextRolloutConfig:
     """The rollout's config from its flags (``ConfigError`` names a bad value)."""
-    reward = None if args.reward == "none" and not args.reward_function_path else "reward"
+    reward = _reward_kind(args)
     return TextRolloutConfig(
         n_samples_per_prompt=args.samples_per_prompt,
         seed=args.seed,
@@ -125,15 +125,24 @@ def build_multi_turn(args: argparse.Namespace) -> GenerateFn:
     )
 
 
-def build_rewards(args: argparse.Namespace) -> dict[str, Any]:
-    """The reward pool's function under the config's kind (``"reward"``), if any."""
+def _reward_kind(args: argparse.Namespace) -> str | None:
+    """The reward kind the flags name: ``custom`` for a function by path, the
+    ``--rm-type``, or None."""
     if args.reward_function_path:
-        return {"reward": load_function(args.reward_function_path)}
-    if args.reward == "none":
+        return "custom"
+    return None if args.reward == "none" else str(args.reward)
+
+
+def build_rewards(args: argparse.Namespace) -> dict[str, Any]:
+    """The reward pool's function under the config's kind (:func:`_reward_kind`), if any."""
+    kind = _reward_kind(args)
+    if kind is None:
         return {}
+    if kind == "custom":
+        return {kind: load_function(args.reward_function_path)}
     from miles_lite.rewards.text_rewards import TEXT_REWARDS
 
-    return {"reward": TEXT_REWARDS[args.reward]}
+    return {kind: TEXT_REWARDS[kind]}
 
 
 def build_filters(args: argparse.Namespace) -> list[GroupFilter]:

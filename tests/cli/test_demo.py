@@ -31,7 +31,7 @@ def test_the_default_demo_shows_the_text_and_the_diffusion_half(tmp_path: Path) 
         assert Path(lines[kind]["timeline"]).stat().st_size > 10_000  # type: ignore[arg-type]
     # Each start-up step said what it did and how long it took.
     for step in ("starting stand-in engines (1 text, 1 diffusion)", "loading the Qwen3 tokenizer",
-                 "starting reward pool 'reward'", "starting the parser pool"):  # fmt: skip
+                 "starting reward pool 'math'", "starting the parser pool"):  # fmt: skip
         assert f"{step}" in run.stderr and "done in" in run.stderr, run.stderr
 
 

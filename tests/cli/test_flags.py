@@ -105,7 +105,7 @@ def test_rollout_flags_make_the_config_rewards_and_filters() -> None:
     assert config.over_sampling_batch_size == 3 and config.sampling.max_new_tokens == 16
     assert config.engines.router.max_inflight_per_engine == 5
     assert config.engines.router.ready_timeout_s == 600.0
-    assert build_rewards(args) == {"reward": math_reward}  # type: ignore[arg-type]
+    assert build_rewards(args) == {"math": math_reward}  # type: ignore[arg-type]
     (check,) = build_filters(args)  # type: ignore[arg-type]
     assert callable(check)
     with pytest.raises(ConfigError, match=r"over_sampling_batch_size"):
