@@ -107,9 +107,21 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
         help="output tokens per sample at most",
     )
     g.add_argument(
-        "--temperature", "--rollout-temperature", dest="temperature", type=float, default=1.0
+        "--temperature",
+        "--rollout-temperature",
+        dest="temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature",
     )
-    g.add_argument("--top-p", "--rollout-top-p", dest="top_p", type=float, default=1.0)
+    g.add_argument(
+        "--top-p",
+        "--rollout-top-p",
+        dest="top_p",
+        type=float,
+        default=1.0,
+        help="nucleus sampling: the smallest set of tokens holding this probability",
+    )
     g.add_argument(
         "--max-context-len",
         "--rollout-max-context-len",
@@ -253,7 +265,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     e.add_argument("--latent-size", type=int, default=32, help="latent height and width")
     e.add_argument("--channels", type=int, default=4, help="latent channels")
     e.add_argument("--frames", type=int, default=1, help=">1 gives video-shaped 5-D latents")
-    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    e.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="bfloat16",
+        help="latents' dtype",
+    )
     e.add_argument("--step-latency", type=float, default=0.02, help="seconds per denoising step")
     e.add_argument("--engine-concurrency", type=int, default=4, help="requests generating at once")
     e.add_argument(
@@ -302,9 +319,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     _engine_flags(diffusion, inflight=4)
     d = diffusion.add_argument_group("data")
     d.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")
-    d.add_argument("--width", type=int, default=None)
-    d.add_argument("--height", type=int, default=None)
-    d.add_argument("--num-frames", type=int, default=None)
+    d.add_argument("--width", type=int, default=None, help="image width (the model's default)")
+    d.add_argument("--height", type=int, default=None, help="image height (the model's default)")
+    d.add_argument("--num-frames", type=int, default=None, help="video frames (video models)")
     _run_flags(diffusion, samples=4)
     _diffusion_flags(diffusion, demo=False)
 

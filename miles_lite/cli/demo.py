@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -229,15 +230,15 @@ def run(args: argparse.Namespace, *, generate: GenerateFn | None, options: dict[
     texts = [k for k in kinds if k != "diffusion"]
     out_dir = Path(args.out_dir or Path(tempfile.gettempdir()) / "miles-lite-demo")
     failed = False
-    with one_line_errors(ValueError, StandInError):
+    with (
+        one_line_errors(ValueError, StandInError),
+        ThreadPoolExecutor(1, thread_name_prefix="miles-lite-demo") as loader,
+    ):
         out_dir.mkdir(parents=True, exist_ok=True)
+        # The tokenizer loads while the engines start (each takes seconds).
+        tokenizer_loaded = loader.submit(_load_tokenizer) if texts else None
         with _engines(args, text=bool(texts), diffusion="diffusion" in kinds) as (text_url, urls):
-            tokenizer = None
-            if texts:
-                from miles_lite.testing import load_qwen3_tokenizer
-
-                with startup_step("loading the Qwen3 tokenizer"):
-                    tokenizer = load_qwen3_tokenizer()
+            tokenizer = tokenizer_loaded.result() if tokenizer_loaded is not None else None
             for kind in kinds:
                 print(f"\n-- {kind} rollout --", file=sys.stderr)
                 if kind == "diffusion":
@@ -270,6 +271,13 @@ def run(args: argparse.Namespace, *, generate: GenerateFn | None, options: dict[
                     report(name, result, as_json=args.json, pictures=pictures, tokenizer=tokenizer)
                     failed = failed or bool(result.failed)
     return 1 if failed else 0
+
+
+def _load_tokenizer() -> Any:
+    from miles_lite.testing import load_qwen3_tokenizer
+
+    with startup_step("loading the Qwen3 tokenizer"):
+        return load_qwen3_tokenizer()
 
 
 class _engines:

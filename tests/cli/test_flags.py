@@ -132,3 +132,12 @@ def test_help_imports_nothing_heavy() -> None:
     assert out.returncode == 0, out.stderr
     assert "heavy: []" in out.stdout
     assert "--agent" in out.stdout and "``" not in out.stdout
+
+
+def test_every_flag_says_what_it_is_for() -> None:
+    _, commands = build_parser()
+    for name, command in commands.items():
+        for action in command._actions:
+            if action.option_strings:
+                assert action.help, f"miles-lite {name} {action.option_strings[0]} has no help"
+                assert "``" not in action.help
