@@ -57,13 +57,31 @@ def show_sample(sample: Sample, tokenizer: Any = None) -> str:
     mask = sample.loss_mask or []
     log_probs = list(sample.rollout_log_probs or [])
     response = sample.tokens[prompt_len:]
-    for i, token in enumerate(response[:_ROWS]):
-        text = tokenizer.decode([token]) if tokenizer is not None else ""
+    last = -1
+    for i in _rows(mask, len(response)):
+        if i != last + 1:
+            lines.append(f"  {'...':>4}")
+        last = i
+        text = tokenizer.decode([response[i]]) if tokenizer is not None else ""
         text = text.replace("\n", "\\n")
-        lines.append(f"  {i:>4}  {token:>7}  {mask[i]:>4}  {float(log_probs[i]):>8.3f}  {text}")
-    if len(response) > _ROWS:
-        lines.append(f"  ... {len(response) - _ROWS} more")
+        lines.append(
+            f"  {i:>4}  {response[i]:>7}  {mask[i]:>4}  {float(log_probs[i]):>8.3f}  {text}"
+        )
+    if last < len(response) - 1:
+        lines.append(f"  ... {len(response) - 1 - last} more")
     return "\n".join(lines)
+
+
+def _rows(mask: list[int], n: int) -> list[int]:
+    """The response positions to show: the first ones, and a few around each place where
+    the loss mask changes (a tool result between the model's turns), at most ``_ROWS``."""
+    rows = set(range(min(n, 8)))
+    for i in range(1, min(n, len(mask))):
+        if mask[i] != mask[i - 1]:
+            rows.update(range(max(0, i - 3), min(n, i + 5)))
+    if len(rows) < _ROWS:
+        rows.update(range(min(n, _ROWS - len(rows) + 8)))
+    return sorted(rows)[:_ROWS]
 
 
 def write_pictures(

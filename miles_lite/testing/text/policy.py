@@ -13,6 +13,7 @@ Log-probs are a pure function of (position, token id): :func:`token_logprob`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -124,15 +125,24 @@ def _continued(tokenizer: Any, prompt_ids: Sequence[int], answer: list[int]) -> 
     """What is left of ``answer`` when the prompt already ends with its beginning (a
     request resuming an aborted one sends its partial output back): the rest of it, as a
     model continues a partial turn; else all of it."""
-    opener = list(tokenizer.encode(f"{_TURN}assistant\n", add_special_tokens=False))
+    opener = _opener(tokenizer)
     width = len(opener)
-    for at in range(len(prompt_ids) - width, -1, -1):
-        if list(prompt_ids[at : at + width]) == opener:
-            partial = list(prompt_ids[at + width :])
+    # The partial output is shorter than the answer: only the prompt's tail can hold it
+    # (a long prompt is never scanned whole, once per request).
+    ids = list(prompt_ids[-(len(answer) + width) :])
+    for at in range(len(ids) - width, -1, -1):
+        if ids[at] == opener[0] and ids[at : at + width] == opener:
+            partial = ids[at + width :]
             if partial and answer[: len(partial)] == partial:
                 return answer[len(partial) :]
             return answer
     return answer
+
+
+@functools.lru_cache(maxsize=8)
+def _opener(tokenizer: Any) -> list[int]:
+    """The ids that open an assistant turn in the chat template."""
+    return list(tokenizer.encode(f"{_TURN}assistant\n", add_special_tokens=False))
 
 
 def _last_turn(text: str) -> str:
