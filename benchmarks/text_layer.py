@@ -44,6 +44,7 @@ import os
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -667,7 +668,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turn-sweep", type=int, nargs="+", default=[4, 32, 128])
     parser.add_argument("--stop-inflight", type=int, default=512)
     parser.add_argument("--stop-tokens", type=int, default=2000)
-    parser.add_argument("--png", type=Path, default=HERE / "text_layer.png")
+    parser.add_argument(
+        "--png",
+        type=Path,
+        default=None,
+        help="the chart (default: benchmarks/text_layer.png, the README's, for a full run;"
+        " a file in the temp folder for --quick, which must not replace it)",
+    )
     parser.add_argument(
         "--miles-peer",
         action=argparse.BooleanOptionalAction,
@@ -687,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.miles_peer is None:
         args.miles_peer = not args.quick
+    if args.png is None:
+        args.png = default_png(quick=args.quick)
     if args.quick:
         args.requests = 512
         args.concurrency = [1, 64, 512]
@@ -703,7 +712,16 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print(json.dumps({"text_layer": [m.row() for m in results]}))
     chart(results, args.png)
+    print(f"chart: {args.png}")
     return 0
+
+
+def default_png(*, quick: bool) -> Path:
+    """Where the chart goes by default: the README's chart for a full run; a quick run's
+    (smaller load, other numbers) goes to the temp folder, never over the README's."""
+    if quick:
+        return Path(tempfile.gettempdir()) / "miles-lite-text_layer-quick.png"
+    return HERE / "text_layer.png"
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ The names a rollout needs are here; the parts live in their packages
 (:mod:`miles_lite.text`, :mod:`miles_lite.diffusion`, :mod:`miles_lite.agentic`,
 :mod:`miles_lite.engine`, :mod:`miles_lite.pools`, :mod:`miles_lite.rewards`), and the
 whole error tree in :mod:`miles_lite.errors`.
+
+The names load on first use (PEP 562): ``import miles_lite`` alone imports nothing heavy,
+so ``miles-lite --help`` answers at once; ``from miles_lite import TextRollout`` imports
+what the text rollout needs (torch, transformers, aiohttp) then.
 """
 
 import typing

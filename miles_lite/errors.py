@@ -6,6 +6,7 @@
     ├── ConfigError (also ValueError)        bad configuration value
     │   └── SamplingParamsError              a sampling key SGLang would refuse
     ├── ClosedResourceError (also anyio's)   use of a pool/client/arena outside its open state
+    ├── EventLoopError (also RuntimeError)   run_sync called where an event loop runs: await
     ├── EngineError                          talking to an inference engine
     │   ├── EngineUnavailableError           refused (retryable) / reset after sending
     │   ├── EngineTimeoutError               connect timeout (retryable) / no answer
@@ -52,6 +53,7 @@ __all__ = [
     "EngineStatusError",
     "EngineTimeoutError",
     "EngineUnavailableError",
+    "EventLoopError",
     "FilterError",
     "GenerateError",
     "MilesLiteError",
@@ -130,6 +132,15 @@ class SamplingParamsError(ConfigError):
     """Raised when sampling parameters hold a key SGLang refuses; nothing was sent.
 
     Usage: ``check_sampling_params({"max_tokens": 8})`` raises it, naming the key.
+    """
+
+
+class EventLoopError(MilesLiteError, RuntimeError):
+    """Raised when :func:`~miles_lite.run_sync` is called in a thread whose event loop is
+    running (a Jupyter cell, async code): it would block that loop, and a stand-in or a
+    server the loop serves would never answer. ``await`` the function there instead.
+
+    Usage: in a notebook cell, ``result = await main()``, not ``run_sync(main)``.
     """
 
 

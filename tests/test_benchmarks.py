@@ -185,3 +185,18 @@ def test_sessions_benchmark_counts_every_turn_once_and_sweeps_abandoned_sessions
     degenerate = result["degenerate"]
     assert degenerate["unclosed"]["turns"] == 0 and degenerate["closed"]["turns"] == 1
     assert "| 1. 20 agents x 5 turns" in run.stdout
+
+
+def test_a_quick_text_layer_run_never_writes_over_the_readme_chart() -> None:
+    spec = importlib.util.spec_from_file_location("text_layer", ROOT / "benchmarks/text_layer.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    readme_chart = ROOT / "benchmarks" / "text_layer.png"
+    assert module.default_png(quick=False) == readme_chart
+    assert module.default_png(quick=True).parent != readme_chart.parent
+    assert "text_layer.png" in (ROOT / "README.md").read_text()

@@ -47,13 +47,14 @@ def test_guard_ignores_time_other_processes_take(pytester: pytest.Pytester) -> N
 def test_guard_catches_a_short_blocking_call_of_the_library_on_both_loops(
     pytester: pytest.Pytester, loop: str
 ) -> None:
-    # run_sync from inside a running loop joins a helper thread: a blocking wait of the
-    # library on the loop's thread, however short it is.
+    # Writing a trace (a file) on the loop by mistake: a blocking write of the library on the
+    # loop's thread, however short it is.
     pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
     pytester.makepyfile(
         f"""
-        import anyio, pytest
-        from miles_lite import run_sync
+        import pytest
+        from miles_lite.rollout.result import RolloutResult
+        from miles_lite.rollout.trace import write_trace
 
         @pytest.fixture
         def anyio_backend():
@@ -61,10 +62,12 @@ def test_guard_catches_a_short_blocking_call_of_the_library_on_both_loops(
 
         @pytest.mark.anyio
         async def test_blocks():
-            run_sync(anyio.sleep, 0.001)
+            write_trace(RolloutResult(groups=[]), "trace.json")
         """
     )
-    result = pytester.runpytest("-p", "anyio")
+    # In a subprocess: the inner run imports torch and numpy, which cannot be imported twice
+    # in one process (an in-process pytester run drops and re-imports what it loaded).
+    result = pytester.runpytest_subprocess("-p", "anyio")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 1, outcomes
     assert "BlockingError" in result.stdout.str()

@@ -1,4 +1,4 @@
-"""Run an async entry point from synchronous code, even where an event loop already runs."""
+"""Run an async entry point from synchronous code; refused where an event loop already runs."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import asyncio
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import anyio
+
+from miles_lite.errors import EventLoopError
 
 __all__ = ["run_sync"]
 
@@ -17,31 +18,33 @@ T = TypeVar("T")
 
 
 def run_sync(fn: Callable[..., Awaitable[T]], *args: Any, use_uvloop: bool = False) -> T:
-    """Run ``await fn(*args)`` to completion and return its result.
+    """Run ``await fn(*args)`` to completion and return its result (``anyio.run``).
 
-    In a script this is ``anyio.run``. Where this thread already runs an event loop (a
-    Jupyter cell, an async framework calling sync code), ``asyncio.run`` would refuse;
-    then ``fn`` runs on a fresh loop in a helper thread that is joined before returning,
-    and the caller's loop waits. Inside async code, prefer ``await fn(*args)``.
+    For scripts and other synchronous code. Where this thread already runs an event loop
+    (a Jupyter cell, async code), raises :class:`~miles_lite.errors.EventLoopError` at
+    once: waiting here would block that loop, and whatever it serves (a stand-in engine
+    started in an earlier cell, a session server) would never answer, so the call would
+    hang. ``await fn(*args)`` there instead (top-level ``await`` works in a cell).
     ``use_uvloop`` runs the loop on uvloop (``pip install miles-lite[uvloop]``).
 
     In the main thread, SIGTERM (a preempted or killed job) cancels ``fn``: its
     ``async with`` blocks close (pools stop their workers, in-flight requests are
     cancelled), then ``SystemExit(143)`` is raised, the exit status of a SIGTERM.
     """
-    options = {"use_uvloop": use_uvloop}
-
-    def call() -> T:
-        return anyio.run(fn, *args, backend="asyncio", backend_options=options)
-
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        if threading.current_thread() is threading.main_thread():
-            return anyio.run(_until_sigterm, fn, args, backend="asyncio", backend_options=options)
-        return call()
-    with ThreadPoolExecutor(1, thread_name_prefix="miles-lite-run-sync") as executor:
-        return executor.submit(call).result()
+        pass
+    else:
+        name = getattr(fn, "__name__", repr(fn))
+        raise EventLoopError(
+            f"run_sync({name}) was called where an event loop is running (a notebook cell,"
+            f" async code): it would block that loop; use `await {name}(...)` here"
+        )
+    options = {"use_uvloop": use_uvloop}
+    if threading.current_thread() is threading.main_thread():
+        return anyio.run(_until_sigterm, fn, args, backend="asyncio", backend_options=options)
+    return anyio.run(fn, *args, backend="asyncio", backend_options=options)
 
 
 async def _until_sigterm(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:

@@ -148,6 +148,8 @@ class AgentGenerate:
             sample.status = SampleStatus.ABORTED
             sample.status_reason = "early_stop"
             return [sample]
+        span = input.span
+        span.generate_start = time.monotonic()
         session = await server.open_session(run)
         opened = self._runs.setdefault(run, {})
         opened[session.id] = None
@@ -172,10 +174,12 @@ class AgentGenerate:
         finally:
             with anyio.CancelScope(shield=True):
                 records = await server.close_session(session.id)
+            span.generate_end = time.monotonic()
             if not run.stopping:
                 # Done before any stop: no abort hook needs it. Closed after the stop
                 # began, its agent may have returned because its request was aborted.
                 opened.pop(session.id, None)
+        span.requests = len(records)
         reward, metadata = _agent_result(returned, self._run_agent, session.id)
         max_seq_len = self._max_seq_len or ctx.max_context_len
         tokenizer = ctx.tokenizer

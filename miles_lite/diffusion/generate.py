@@ -53,12 +53,15 @@ async def generate_diffusion(input: GenerateFnInput[DiffusionContext]) -> list[S
         async def fetch_from(url: str) -> ParsedBody:
             span.engine = url
             span.requests += 1
+            span.leased()
             request = BlockingRequest.from_config(
                 limits, url, ROLLOUT_PATH, payload, request_id=rid
             )
             return await parser.fetch(request, expected_items=len(samples))
 
         parsed = await router.call(fetch_from)
+        span.parser_worker = parsed.worker
+        span.fetched_in_parser = True
         span.spilled = parsed.spilled
         span.pickled_bytes = parsed.pickled_bytes
         span.generate_end = parsed.read_at
@@ -81,6 +84,7 @@ async def generate_diffusion(input: GenerateFnInput[DiffusionContext]) -> list[S
         async def post_to(url: str) -> RawResponse:
             span.engine = url
             span.requests += 1
+            span.leased()
             return await router.client.post(
                 url, ROLLOUT_PATH, payload, request_id=rid, into=into, retry=False
             )
@@ -112,6 +116,7 @@ async def _deserialize(
         # In place in the arena; a spilled JSON body goes to the worker through the pipe.
         body = owner if isinstance(owner, Lease) else bytes(raw.body)
         parsed = await _parser(ctx).parse(body, raw.content_type, url=raw.url, request_id=rid)
+        span.parser_worker = parsed.worker
         span.pickled_bytes = parsed.pickled_bytes
         return parsed.items
     # Inline (and spilled msgpack bodies): zero-copy for msgpack, microseconds on the

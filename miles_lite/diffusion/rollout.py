@@ -29,6 +29,7 @@ from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.rollout import Rollout, open_reward_pools
+from miles_lite.rollout.startup import startup_step
 
 __all__ = ["DiffusionRollout"]
 
@@ -58,6 +59,7 @@ class DiffusionRollout(Rollout):
     """
 
     config: DiffusionRolloutConfig
+    chat_prompts = False  # a diffusion prompt is text
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class DiffusionRollout(Rollout):
             dynamic_filter=dynamic_filter,
             progress=progress,
             max_started_samples=2 * router.capacity * config.microgroup_size,
+            engines=router.urls,
         )
 
     @classmethod
@@ -108,7 +111,13 @@ class DiffusionRollout(Rollout):
 
         ``rewards`` maps a kind to a reward function (run in a pool of
         ``config.reward_workers`` processes), an async scorer with ``score``, or a ready
-        pool. Other keywords go to the constructor.
+        pool. Other keywords go to the constructor. Each step is logged
+        (:mod:`miles_lite.rollout.startup`).
+
+        Raises ``ConfigError`` for an engine URL without ``http://``,
+        ``EngineUnavailableError`` naming the URLs when no engine answers ``/health``
+        within ``config.engines.router.ready_timeout_s`` (5 s by default; engines still
+        loading weights need more), and ``RewardError`` when a reward cannot load.
         """
         config = config or DiffusionRolloutConfig()
         async with AsyncExitStack() as stack:
@@ -116,6 +125,8 @@ class DiffusionRollout(Rollout):
             router = await stack.enter_async_context(
                 Router(engine_urls, client, config.engines.router)
             )
+            with startup_step(f"waiting for {len(router.urls)} engine(s) to answer /health"):
+                await router.wait_ready()
             parser = None
             arena = None
             parser_config = config.parser
@@ -125,7 +136,10 @@ class DiffusionRollout(Rollout):
                     needed = min(_MAX_PARSER_WORKERS, router.capacity)
                     if parser_config.workers < needed:
                         parser_config = dataclasses.replace(parser_config, workers=needed)
-                parser = await stack.enter_async_context(ParserPool(parser_config))
+                with startup_step(
+                    f"starting the parser pool ({parser_config.workers} worker(s) and its arena)"
+                ):
+                    parser = await stack.enter_async_context(ParserPool(parser_config))
                 arena = parser.arena
             elif parser_config.arena is not None:
                 # Inline decoding still reads bodies into reused, pre-faulted memory.

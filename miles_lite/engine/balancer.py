@@ -8,6 +8,7 @@ results (:mod:`miles_lite.engine.health`) and awaits its slots.
 from __future__ import annotations
 
 import sys
+import urllib.parse
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from miles_lite.errors import (
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["Balancer", "EngineSlot", "EngineState"]
+__all__ = ["Balancer", "EngineSlot", "EngineState", "check_engine_url"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,8 @@ class Balancer:
         urls = tuple(urls)
         if not urls:
             raise ConfigError("urls must name at least one engine, got none")
+        for url in urls:
+            check_engine_url(url)
         duplicates = sorted({u for u in urls if urls.count(u) > 1})
         if duplicates:
             raise ConfigError(f"urls must be distinct, got duplicates {duplicates}")
@@ -309,6 +312,21 @@ class Balancer:
         if best is not None:
             self._next = (best_index + 1) % count
         return best
+
+
+def check_engine_url(url: object) -> None:
+    """Refuse an engine URL the client could not reach: not a string, no ``http://`` or
+    ``https://`` scheme, no host. ``ConfigError`` saying the fix (``127.0.0.1:30000`` ->
+    ``http://127.0.0.1:30000``), so a typo fails when the rollout opens, not as a
+    malformed answer on every sample."""
+    if not isinstance(url, str):
+        raise ConfigError(f"an engine URL must be a str like 'http://host:port', got {url!r}")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        fix = "http://" + url.split("://", 1)[-1].lstrip("/")
+        raise ConfigError(
+            f"engine URL {url!r} needs an http:// or https:// scheme and a host: write {fix!r}"
+        )
 
 
 def marks_unhealthy(exc: BaseException, url: str) -> bool:

@@ -230,10 +230,17 @@ class RouterConfig:
     #: for the front, ``max_inflight_per_engine`` x the healthy engines it lists; health
     #: is its ``/readiness``; which engine serves is smg's choice.
     smg: SmgConfig | None = None
+    #: How long opening a rollout waits for its engines to answer ``/health`` (seconds):
+    #: a mistyped host or a closed port then fails ``open()`` within seconds, naming the
+    #: URLs, instead of every sample after ``wait_timeout_s``. Engines still loading
+    #: weights need more (``600.0``); ``None`` does not wait (leases then wait for a
+    #: healthy engine up to ``wait_timeout_s``).
+    ready_timeout_s: float | None = 5.0
 
     def __post_init__(self) -> None:
         owner = "RouterConfig"
         check_seconds(owner, "readmit_cooldown_s", self.readmit_cooldown_s, zero=True)
+        check_seconds(owner, "ready_timeout_s", self.ready_timeout_s, optional=True)
         for name in ("health_interval_s", "health_timeout_s", "wait_timeout_s"):
             check_seconds(owner, name, getattr(self, name))
         for name in ("failure_threshold", "max_sticky_keys", "max_inflight_per_engine"):

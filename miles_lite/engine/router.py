@@ -10,6 +10,7 @@ one front, whose engines it lists for the control senders (:attr:`Router.urls`,
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, nullcontext
@@ -26,6 +27,7 @@ from miles_lite.engine.config import RetryPolicy, RouterConfig
 from miles_lite.engine.control import abort_request
 from miles_lite.engine.health import HealthMonitor
 from miles_lite.engine.smg import SmgFront, SmgWorker, sticky
+from miles_lite.errors import EngineUnavailableError
 
 if TYPE_CHECKING:
     from miles_lite.engine.client import EngineClient
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["Router", "RouterStatistics"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +189,56 @@ class Router(AsyncResource):
             workers=front.workers if front is not None else (),
             worker_refresh_failures=front.refresh_failures if front is not None else 0,
         )
+
+    async def wait_ready(self, timeout_s: float | None = None) -> tuple[str, ...]:
+        """Wait until every engine answers ``/health`` 2xx, at most ``timeout_s`` seconds
+        (default: ``config.ready_timeout_s``; ``None`` there: return at once); return the
+        URLs that answered.
+
+        Engines are probed together, again every ``0.25`` s while some are silent (an
+        engine still starting refuses connections, or answers 503). Raises
+        :class:`~miles_lite.errors.EngineUnavailableError` naming every URL when none
+        answered in time; when some did, the silent ones are logged and left to the health
+        loop (it takes them out of rotation if they keep failing). Cancellation propagates.
+        """
+        self._check_open()
+        timeout_s = self._config.ready_timeout_s if timeout_s is None else timeout_s
+        if timeout_s is None:
+            return self.urls
+        deadline = anyio.current_time() + timeout_s
+        ready: set[str] = set()
+        while True:
+            silent = [url for url in self.urls if url not in ready]
+            left = deadline - anyio.current_time()
+            if not silent or left <= 0:
+                break
+            probe_s = max(0.05, min(left, self._config.health_timeout_s))
+
+            async def probe(url: str, probe_s: float = probe_s) -> None:
+                with anyio.move_on_after(probe_s):
+                    if await self._client.health(url, timeout_s=probe_s):
+                        ready.add(url)
+
+            async with anyio.create_task_group() as tg:
+                for url in silent:
+                    tg.start_soon(probe, url)
+            if len(ready) < len(self.urls):
+                await anyio.sleep(min(0.25, max(0.0, deadline - anyio.current_time())))
+        silent = [url for url in self.urls if url not in ready]
+        if silent and not ready:
+            raise EngineUnavailableError(
+                f"no engine answered /health within {timeout_s:g} s: {', '.join(silent)};"
+                " check the URLs and that the servers run (engines still loading weights:"
+                " RouterConfig(ready_timeout_s=600))"
+            )
+        if silent:
+            _log.warning(
+                "engines %s did not answer /health within %g s; going on with %s",
+                ", ".join(silent),
+                timeout_s,
+                ", ".join(u for u in self.urls if u in ready),
+            )
+        return tuple(u for u in self.urls if u in ready)
 
     def forget(self, key: str) -> None:
         """Drop the engine remembered for sticky ``key`` (e.g. when a session ends)."""

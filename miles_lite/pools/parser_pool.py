@@ -80,6 +80,8 @@ class ParsedBody:
     response_at: float = 0.0
     read_at: float = 0.0
     parsed_at: float = 0.0
+    #: The pool worker that decoded it (a trace's track).
+    worker: int = 0
 
 
 class ParserPool(AsyncResource):
@@ -161,12 +163,16 @@ class ParserPool(AsyncResource):
         WorkerError when the worker fails.
         """
         try:
+            worker = self.pool.pick()
             if not isinstance(body, Lease):
                 data = bytes(body)
-                result: ParseResult = await self.pool.run(parse_bytes, data, content_type)
-                return self._take(result, None, sent_bytes=len(data))
+                result: ParseResult = await self.pool.run_on(
+                    worker, parse_bytes, data, content_type
+                )
+                return self._take(result, None, worker, sent_bytes=len(data))
             try:
-                result = await self.pool.run(
+                result = await self.pool.run_on(
+                    worker,
                     parse_in_arena,
                     body.allocation,
                     len(body.array),
@@ -179,7 +185,7 @@ class ParserPool(AsyncResource):
             except BaseException:
                 body.release()
                 raise
-            return self._take(result, body)
+            return self._take(result, body, worker)
         except MilesLiteError as exc:
             exc.with_context(url=url, request_id=request_id)
             raise
@@ -201,12 +207,15 @@ class ParserPool(AsyncResource):
             align=self.config.align,
             alloc_wait_s=arena.config.wait_s,
         )
-        result: ParseResult = await self.pool.run(
-            fetch_and_parse, fetch, after_cancel=self._discard
+        worker = self.pool.pick()
+        result: ParseResult = await self.pool.run_on(
+            worker, fetch_and_parse, fetch, after_cancel=self._discard
         )
-        return self._take(result, None)
+        return self._take(result, None, worker)
 
-    def _take(self, result: ParseResult, lease: Lease | None, sent_bytes: int = 0) -> ParsedBody:
+    def _take(
+        self, result: ParseResult, lease: Lease | None, worker: int, sent_bytes: int = 0
+    ) -> ParsedBody:
         pickled = sent_bytes + (len(result.payload) if result.payload is not None else 0)
         if result.payload is not None:
             payload = result.payload
@@ -225,6 +234,7 @@ class ParserPool(AsyncResource):
             response_at=result.response_at,
             read_at=result.read_at,
             parsed_at=result.parsed_at,
+            worker=worker,
         )
 
     def _arena(self) -> Arena:

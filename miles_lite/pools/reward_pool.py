@@ -121,13 +121,15 @@ def reward_view(sample: Sample, arena: Arena | None = None) -> Sample:
     )
 
 
-# This worker process's reward function and arena view, set by _install when it starts.
+# This worker process's reward function and arena view, set by _install when it starts,
+# or why the function could not be installed (reported by _load_error, raised at start).
 _REWARD_FN: RewardFn | None = None
 _ARENA: WorkerArena | None = None
+_LOAD_ERROR: str | None = None
 
 
 def _install(index: int, blob: bytes, handle: ArenaHandle | None) -> None:
-    global _REWARD_FN, _ARENA
+    global _REWARD_FN, _ARENA, _LOAD_ERROR
     if handle is not None:
         _ARENA = WorkerArena(handle, tag=None)
     # Rewards score tensors: import torch now (once, about 1 s) with one thread per worker,
@@ -135,16 +137,29 @@ def _install(index: int, blob: bytes, handle: ArenaHandle | None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    _REWARD_FN = cloudpickle.loads(blob)
-    # A model-backed reward (ClipReward) loads its weights now, at pool start.
-    load = getattr(_REWARD_FN, "load", None)
-    if callable(load):
-        load()
+    try:
+        fn = cloudpickle.loads(blob)
+        # A model-backed reward (ClipReward) loads its weights now, at pool start.
+        load = getattr(fn, "load", None)
+        if callable(load):
+            load()
+    except Exception as exc:
+        # Not raised here: an initializer that raises breaks the executor, and the owner
+        # would see a bare BrokenProcessPool with the cause buried in the worker's stderr.
+        _LOAD_ERROR = (
+            str(exc) if isinstance(exc, MilesLiteError) else f"{type(exc).__name__}: {exc}"
+        )
+        return
+    _REWARD_FN = fn
+
+
+def _load_error() -> str | None:
+    return _LOAD_ERROR
 
 
 def _score(samples: list[Sample]) -> list[Any]:
     if _REWARD_FN is None:
-        raise RuntimeError("reward worker used before its function was installed")
+        raise RuntimeError(f"reward worker has no function: {_LOAD_ERROR or 'not installed'}")
     for sample in samples:
         if isinstance(sample.generated_output, ArenaTensor):
             if _ARENA is None:
@@ -201,13 +216,24 @@ class RewardPool(AsyncResource):
 
     async def start(self) -> None:
         """Open the pool (as ``async with`` does) unless it is open: start the workers
-        (about 1 s each when the function imports torch)."""
+        (about 1 s each when the function imports torch) and check that each installed
+        the function (a model-backed reward loads it then).
+
+        Raises :class:`RewardError` with the cause, in one message, when the function
+        cannot be unpickled or its ``load()`` fails (a checkpoint path that does not
+        exist); the workers are stopped then.
+        """
         if self.state is ResourceState.NEW:
             await self.__aenter__()
         self._check_open()
 
     async def _open(self) -> None:
         await self._pool.start()
+        for index in range(self._pool.workers):
+            error = await self._pool.run_on(index, _load_error)
+            if error is not None:
+                await self._pool.aclose()
+                raise RewardError(f"reward {self.name!r} ({self._fn_name}) could not load: {error}")
 
     async def _close(self) -> None:
         """Stop the workers."""
@@ -224,8 +250,11 @@ class RewardPool(AsyncResource):
             crashes=pool.crashes, in_flight=sum(pool.in_flight), **self._counts
         )
 
-    async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
+    async def score(
+        self, samples: list[Sample], *, on_worker: Callable[[int], None] | None = None
+    ) -> list[float | dict[str, Any]]:
         """Score ``samples`` in one worker call; one float or dict per sample, in order.
+        ``on_worker(index)`` is told which worker got the call (a trace's track).
 
         Raises :class:`RewardError` (with the cause) when the function raises, returns the
         wrong number of scores or a NaN/inf, runs past ``timeout_s``, or its worker dies.
@@ -235,18 +264,24 @@ class RewardPool(AsyncResource):
         counts["calls"] += 1
         counts["tensor_bytes_sent"] += tensor_bytes(views)
         try:
-            return await self._score(views, samples)
+            return await self._score(views, samples, on_worker)
         except RewardError:
             counts["failures"] += 1
             raise
 
     async def _score(
-        self, views: list[Sample], samples: list[Sample]
+        self,
+        views: list[Sample],
+        samples: list[Sample],
+        on_worker: Callable[[int], None] | None,
     ) -> list[float | dict[str, Any]]:
+        worker = self._pool.pick()
+        if on_worker is not None:
+            on_worker(worker)
         try:
             # The samples stay referenced until a cancelled call ends: the worker reads them.
-            scores = await self._pool.run(
-                _score, views, after_cancel=_Keep(samples), timeout_s=self.timeout_s
+            scores = await self._pool.run_on(
+                worker, _score, views, after_cancel=_Keep(samples), timeout_s=self.timeout_s
             )
         except WorkerTimeoutError as exc:
             self._counts["timeouts"] += 1

@@ -182,6 +182,10 @@ def _init_worker(
             user_init(index, *args)
         return
     _die_with(owner_pid)
+    # The owner decides when workers stop (aclose, or dying with it). An interrupt reaches
+    # the whole process group (Ctrl-C; a notebook's interrupt signals the kernel's group):
+    # an idle worker would die of it and leave a broken pool behind for the next cell.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The event loop is latency-bound, workers throughput-bound: under contention for the
     # cores, the loop's process is scheduled first.
     if nice:

@@ -170,24 +170,33 @@ class ClipReward:
         # CLIPTokenizerFast is an alias transformers 5 resolves lazily; mypy cannot see it.
         from transformers import CLIPModel, CLIPTokenizerFast  # type: ignore[attr-defined]
 
-        where = self.model_path or "config"
-        try:
-            tokenizer: PreTrainedTokenizerBase
-            if isinstance(self.tokenizer, str) or self.tokenizer is None:
-                tokenizer = CLIPTokenizerFast.from_pretrained(self.tokenizer or self.model_path)
-            else:
-                tokenizer = self.tokenizer
-            if self.config is not None:
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(self.seed)
-                    # A copy: building a model writes into its config (attention backend).
-                    model = CLIPModel(copy.deepcopy(self.config))
-            else:
-                model = CLIPModel.from_pretrained(str(self.model_path))
-        except (OSError, ValueError) as exc:
-            raise RewardError(
-                f"ClipReward could not load its model or tokenizer from {where}: {exc}"
-            ) from exc
+        tokenizer: PreTrainedTokenizerBase
+        if isinstance(self.tokenizer, str) or self.tokenizer is None:
+            # Each message names the path that failed: the tokenizer's may not be the model's.
+            where = str(self.tokenizer or self.model_path)
+            _check_local("tokenizer", where)
+            try:
+                tokenizer = CLIPTokenizerFast.from_pretrained(where)
+            except (OSError, ValueError) as exc:
+                raise RewardError(
+                    f"ClipReward could not load its tokenizer from {where}: {_first_line(exc)}"
+                ) from exc
+        else:
+            tokenizer = self.tokenizer
+        if self.config is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                # A copy: building a model writes into its config (attention backend).
+                model = CLIPModel(copy.deepcopy(self.config))
+        else:
+            where = str(self.model_path)
+            _check_local("model", where)
+            try:
+                model = CLIPModel.from_pretrained(where)
+            except (OSError, ValueError) as exc:
+                raise RewardError(
+                    f"ClipReward could not load its model from {where}: {_first_line(exc)}"
+                ) from exc
         # transformers wraps .to() in a decorator mypy cannot see through.
         model = model.to(device=self.device, dtype=getattr(torch, self.dtype))  # type: ignore[call-arg]
         model.eval()
@@ -314,3 +323,14 @@ def _features(output: Any) -> torch.Tensor:
     if isinstance(output, torch.Tensor):
         return output
     return output.pooler_output  # type: ignore[no-any-return]
+
+
+def _check_local(what: str, where: str) -> None:
+    """A path that is plainly local (absolute, ``./``, ``~``) and missing fails at once,
+    rather than after transformers tries it as a hub id (offline, that is a long wait)."""
+    if where.startswith(("/", "./", "../", "~")) and not os.path.exists(os.path.expanduser(where)):
+        raise RewardError(f"ClipReward could not load its {what} from {where}: no such folder")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

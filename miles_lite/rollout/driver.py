@@ -37,7 +37,7 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.filters import GroupFilter, apply_filters
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.scoring import Scorer
-from miles_lite.rollout.spans import UnitSpan, span_metrics
+from miles_lite.rollout.spans import RunTimes, UnitSpan, span_metrics
 from miles_lite.types import Sample, SampleStatus
 
 __all__ = ["Driver", "RolloutKind"]
@@ -171,10 +171,12 @@ class _Run:
         self.done_send, self.done_receive = anyio.create_memory_object_stream[int](math.inf)
         self.bar: Any = None
         self.stop_time: float | None = None
+        self.stop_start: float | None = None
         self.started = 0
+        self.start_time = self.end_time = 0.0
 
     async def execute(self) -> RolloutResult:
-        t0 = time.monotonic()
+        t0 = self.start_time = time.monotonic()
         driver = self.driver
         total = sum(len(g) for g in self.groups[: self.target])
         self.bar = _progress_bar(total) if driver.progress else None
@@ -196,7 +198,8 @@ class _Run:
                 self.done_receive.close()
                 if self.bar is not None:
                     self.bar.close()
-            elapsed = time.monotonic() - t0
+            self.end_time = time.monotonic()
+            elapsed = self.end_time - t0
             metrics = self._metrics(elapsed, kind_metrics, windows)
         return self._result(self.context.rollout_id, metrics)
 
@@ -234,7 +237,7 @@ class _Run:
 
     async def _stop(self, tg: Any) -> None:
         """Early stop: nothing new is sent, in-flight work is aborted, the rest cancelled."""
-        t0 = time.monotonic()
+        t0 = self.stop_start = time.monotonic()
         self.stopping.set()
         with anyio.move_on_after(self.driver.stop_timeout_s, shield=True):
             alone = self.driver.runs == {self.context}
@@ -289,11 +292,12 @@ class _Run:
                 self.generating -= 1
                 if self.generating == 0 and self.stopping.is_set():
                     self.drained.set()
+            span.aborted = any(s.status is SampleStatus.ABORTED for s in out)
         outputs[slot] = out
         if self.stopping.is_set():
             return  # no reward for work the rollout no longer needs
         span.reward_start = time.monotonic()
-        await self.driver.scorer.score_unit(out, url=span.engine)
+        await self.driver.scorer.score_unit(out, url=span.engine, span=span)
         span.reward_end = time.monotonic()
 
     async def _generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
@@ -369,10 +373,30 @@ class _Run:
             metrics=metrics,
             spans=sorted(self.spans, key=lambda s: (s.group_index, s.unit_index)),
             rollout_id=rollout_id,
+            times=RunTimes(
+                start=self.start_time,
+                end=self.end_time,
+                stop_start=self.stop_start,
+                stop_end=(
+                    None
+                    if self.stop_start is None or self.stop_time is None
+                    else self.stop_start + self.stop_time
+                ),
+            ),
         )
 
 
 def _progress_bar(total: int) -> Any:
-    from tqdm.auto import tqdm
+    """A tqdm bar: the widget in a notebook with ipywidgets, else the text bar (in a
+    kernel without ipywidgets, ``tqdm.auto`` would warn "IProgress not found" on every
+    first use and fall back to the text bar anyway). In a notebook the finished bar stays
+    under the cell; in a terminal it goes."""
+    import importlib.util
+    import sys
 
-    return tqdm(total=total, unit="sample", desc="rollout", leave=False)
+    in_kernel = "ipykernel" in sys.modules
+    if in_kernel and importlib.util.find_spec("ipywidgets") is None:
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
+    return tqdm(total=total, unit="sample", desc="rollout", leave=in_kernel)

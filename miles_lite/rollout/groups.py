@@ -10,7 +10,7 @@ from miles_lite.errors import ConfigError
 from miles_lite.rollout.seeds import group_seeds
 from miles_lite.types import Sample
 
-__all__ = ["PromptGroup", "make_groups", "renumbered"]
+__all__ = ["PromptGroup", "check_prompts", "make_groups", "renumbered"]
 
 
 @dataclass
@@ -29,14 +29,72 @@ class PromptGroup:
 GroupSpec = str | list[dict[str, Any]] | PromptGroup | list[Sample]
 
 
+def check_prompts(specs: object, *, chat: bool = True) -> None:
+    """Refuse what ``run()`` cannot take, before anything is sent: :class:`ConfigError`
+    naming the index and what was expected.
+
+    ``specs`` must be a list (or tuple) of prompts: a ``str`` (``run("a cat")`` would
+    otherwise run five one-letter prompts), a chat ``messages`` list of ``{"role": ...,
+    "content": ...}`` dicts (when ``chat``: text rollouts), a :class:`PromptGroup`
+    holding one of those, or a group of samples from an earlier ``result.partial``.
+    """
+    if isinstance(specs, str | bytes) or not isinstance(specs, list | tuple):
+        example = f"[{specs!r:.40}]" if isinstance(specs, str) else "['a cat', ...]"
+        raise ConfigError(
+            f"run() takes a list of prompts, got {type(specs).__name__} {specs!r:.60}:"
+            f" pass e.g. run({example})"
+        )
+    expected = (
+        "a str, a chat messages list of {'role': ..., 'content': ...} dicts, a PromptGroup"
+        " or a group of samples from result.partial"
+        if chat
+        else "a str, a PromptGroup or a group of samples from result.partial"
+    )
+    for index, spec in enumerate(specs):
+        if isinstance(spec, list) and spec and all(isinstance(s, Sample) for s in spec):
+            continue
+        prompt = spec.prompt if isinstance(spec, PromptGroup) else spec
+        problem = _prompt_problem(prompt, chat)
+        if problem is not None:
+            raise ConfigError(f"run() prompt {index} {problem}: expected {expected}")
+
+
+def _prompt_problem(prompt: object, chat: bool) -> str | None:
+    """What is wrong with one prompt, or None."""
+    if isinstance(prompt, str):
+        return None
+    if not isinstance(prompt, list):
+        return f"is {type(prompt).__name__} {prompt!r:.60}"
+    if not chat:
+        return "is a list (a chat messages list?); this rollout takes text prompts"
+    if not prompt:
+        return "is an empty list"
+    for m, message in enumerate(prompt):
+        if isinstance(message, Sample):
+            return "mixes samples with other values"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return (
+                f"message {m} is {type(message).__name__} {message!r:.60}, not a dict with a 'role'"
+            )
+    return None
+
+
 def make_groups(
-    specs: Sequence[GroupSpec], *, n_samples: int, seed: int, rollout_id: int
+    specs: Sequence[GroupSpec],
+    *,
+    n_samples: int,
+    seed: int,
+    rollout_id: int,
+    chat: bool = True,
 ) -> list[list[Sample]]:
     """``n_samples`` samples per prompt, numbered ``g * n_samples + j`` and seeded from
     (seed, rollout id, group); a carried-over group is renumbered for its place here.
 
-    Raises :class:`ConfigError` when a prompt brings a seed list of another length.
+    Raises :class:`ConfigError` when a prompt is not one ``run()`` takes
+    (:func:`check_prompts`; ``chat``: chat messages lists are allowed) or brings a seed
+    list of another length.
     """
+    check_prompts(specs, chat=chat)
     groups: list[list[Sample]] = []
     for g, spec in enumerate(specs):
         if isinstance(spec, list) and spec and all(isinstance(s, Sample) for s in spec):

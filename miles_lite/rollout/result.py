@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from miles_lite.rollout.spans import UnitSpan
+from miles_lite.rollout.spans import RunTimes, UnitSpan
 from miles_lite.types import Sample, SampleStatus
 
 __all__ = ["RolloutResult"]
@@ -23,7 +23,13 @@ class RolloutResult:
       to the next ``run()`` to resume them (partial rollout);
     - ``metrics``: flat floats (``perf/rollout_time``, ``rollout/...``, queue depths);
     - ``spans``: the stage times of every unit of work;
-    - ``rollout_id``: the id the seeds were drawn from.
+    - ``rollout_id``: the id the seeds were drawn from;
+    - ``engines``: the rollout's engine URLs (a trace shows the idle ones too);
+    - ``times``: when the run started and ended, and its early stop
+      (``time.monotonic()`` seconds, as the spans).
+
+    :func:`~miles_lite.rollout.trace.write_trace` and
+    :func:`~miles_lite.rollout.trace.write_timeline_png` draw it.
     """
 
     groups: list[list[Sample]]
@@ -33,6 +39,8 @@ class RolloutResult:
     metrics: dict[str, float] = field(default_factory=dict)
     spans: list[UnitSpan] = field(default_factory=list)
     rollout_id: int = 0
+    engines: tuple[str, ...] = ()
+    times: RunTimes = field(default_factory=lambda: RunTimes(start=0.0, end=0.0))
 
     @property
     def samples(self) -> list[Sample]:

@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 
 from miles_lite.errors import ConfigError, MilesLiteError, RewardError
-from miles_lite.pools.reward_pool import RewardPoolLike
+from miles_lite.pools.reward_pool import RewardPool, RewardPoolLike
+from miles_lite.rollout.spans import UnitSpan
 from miles_lite.types import Sample, SampleStatus
 
 __all__ = ["Scorer"]
@@ -42,7 +43,9 @@ class Scorer:
         self.reward = reward
         self.group_reward = group_reward
 
-    async def score_unit(self, samples: list[Sample], *, url: str | None = None) -> None:
+    async def score_unit(
+        self, samples: list[Sample], *, url: str | None = None, span: UnitSpan | None = None
+    ) -> None:
         """Score the samples that still need a reward, batched per kind, concurrently.
 
         Skipped: FAILED and ABORTED samples, and samples whose reward is already set (an
@@ -62,11 +65,11 @@ class Scorer:
             return  # nothing to score: no task group, no checkpoint (hot path, per sample)
         if len(by_kind) == 1:
             ((kind, batch),) = by_kind.items()
-            await self._score(kind, batch, url)
+            await self._score(kind, batch, url, span)
             return
         async with anyio.create_task_group() as tg:
             for kind, batch in by_kind.items():
-                tg.start_soon(self._score, kind, batch, url)
+                tg.start_soon(self._score, kind, batch, url, span)
 
     async def score_group(self, group: list[Sample]) -> None:
         """Score the group's living samples with ``group_reward`` (nothing if unset)."""
@@ -74,12 +77,24 @@ class Scorer:
         if self.group_reward is not None and alive:
             await self._score(self.group_reward, alive)
 
-    async def _score(self, kind: str, batch: list[Sample], url: str | None = None) -> None:
+    async def _score(
+        self, kind: str, batch: list[Sample], url: str | None = None, span: UnitSpan | None = None
+    ) -> None:
         pool = self.rewards.get(kind)
         try:
             if pool is None:
                 raise RewardError(f"no reward pool for kind {kind!r}; have {sorted(self.rewards)}")
-            scores: Any = await pool.score(batch)
+            scores: Any
+            if span is not None:
+                span.reward_pool = kind
+            if span is not None and isinstance(pool, RewardPool):
+
+                def on_worker(index: int, span: UnitSpan = span) -> None:
+                    span.reward_worker = index
+
+                scores = await pool.score(batch, on_worker=on_worker)
+            else:
+                scores = await pool.score(batch)
             if not isinstance(scores, list) or len(scores) != len(batch):
                 got = len(scores) if isinstance(scores, list) else type(scores).__name__
                 raise RewardError(f"reward {kind!r} returned {got} scores for {len(batch)} samples")

@@ -1,11 +1,24 @@
-"""Stage times of every unit of work (a diffusion microgroup, a text sample) and their metrics."""
+"""Stage times of every unit of work (a diffusion microgroup, a text sample), the run's own
+times, and their metrics."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["UnitSpan", "span_metrics"]
+__all__ = ["RunTimes", "UnitSpan", "span_metrics"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimes:
+    """When one ``run()`` started and ended, and its early stop (abort at the engines and
+    drain) if it had one: ``time.monotonic()`` seconds, as the spans."""
+
+    start: float
+    end: float
+    stop_start: float | None = None
+    stop_end: float | None = None
 
 
 @dataclass
@@ -20,7 +33,11 @@ class UnitSpan:
     ``error`` the message of the error that failed it (None if it succeeded). A stage that
     did not run has ``None`` times. ``spilled``: the arena was full, the body took private
     memory. ``pickled_bytes``: body or tensor bytes that crossed a worker's pipe (0 on the
-    arena path).
+    arena path). ``leased_at``: when its (first) request got an engine slot, so
+    ``generate_start`` to ``leased_at`` is time spent waiting for one. ``parser_worker`` /
+    ``reward_worker``: the pool workers that decoded and scored it (``reward_pool`` names
+    the reward kind; ``fetched_in_parser``: the parser worker also posted the request and
+    waited for the answer); ``aborted``: it came back ABORTED (early stop).
     """
 
     group_index: int
@@ -39,6 +56,17 @@ class UnitSpan:
     spilled: bool = False
     pickled_bytes: int = 0
     error: str | None = None
+    leased_at: float | None = None
+    parser_worker: int | None = None
+    fetched_in_parser: bool = False
+    reward_pool: str | None = None
+    reward_worker: int | None = None
+    aborted: bool = False
+
+    def leased(self) -> None:
+        """Its request got an engine slot now (the first one counts)."""
+        if self.leased_at is None:
+            self.leased_at = time.monotonic()
 
     def as_dict(self) -> dict[str, Any]:
         """A plain dict (for loggers)."""

@@ -10,10 +10,11 @@
 - :class:`ProcessGroup`: several child processes started side by side.
 
 Processes are started with ``spawn`` (or ``forkserver``), never ``fork``: a forked child
-of a process that ran torch or aiohttp inherits its threads, sockets and epoll handle. As
-with any spawned process, a script that starts one needs an
-``if __name__ == "__main__":`` guard. The factory and the config travel to the child by
-pickle: a class or function defined at module level, and a picklable config.
+of a process that ran torch or aiohttp inherits its threads, sockets and epoll handle. Like
+a worker pool's, the child never re-runs the parent's main script, so a script
+without an ``if __name__ == "__main__":`` guard works too. The factory and the config
+travel to the child by pickle: a class or function of an importable module (not
+``__main__``), and a picklable config.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import signal
+import sys
 import time
+import types
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -200,8 +203,9 @@ class ChildProcess(StartStop, Generic[ConfigT]):
             daemon=True,
         )
         self._conn = parent
+        with _main_module_hidden():
+            process.start()
         self._process = process
-        process.start()
         child.close()
 
     def wait_ready(self, deadline: float) -> None:
@@ -315,6 +319,24 @@ class ProcessGroup(StartStop, Generic[ChildT]):
             process.stop()
 
 
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start a child without re-running the parent's ``__main__`` in it.
+
+    spawn (and a fork server started now) would import the parent's main script in the
+    child: a script without an ``if __name__ == "__main__":`` guard would start engines
+    from inside its own child and end in multiprocessing's bootstrapping error. The child
+    needs none of it: the factory and config come from importable modules.
+    """
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2.0) as answer:
@@ -324,13 +346,13 @@ def _healthy(url: str) -> bool:
 
 
 def _child_main(factory: EngineFactory[Any], config: Any, conn: Connection) -> None:
-    """Entry point of the child: serve until SIGTERM/SIGINT or until the parent goes away."""
+    """Entry point of the child: serve until SIGTERM or until the parent goes away."""
     anyio.run(serve_in_child, factory, config, conn)
 
 
 async def serve_in_child(factory: EngineFactory[Any], config: Any, conn: Connection) -> None:
     """Run ``factory(config)`` (an async context manager with ``url``), send its URL to
-    the parent, and serve until SIGTERM/SIGINT or until the parent goes away."""
+    the parent, and serve until SIGTERM or until the parent goes away."""
     async with anyio.create_task_group() as tg:
         await tg.start(_exit_on_signal, tg.cancel_scope)
         async with factory(config) as engine:
@@ -348,7 +370,11 @@ async def serve_in_child(factory: EngineFactory[Any], config: Any, conn: Connect
 async def _exit_on_signal(
     scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGINT is ignored: an interrupt of the parent (Ctrl-C, a notebook's interrupt, which
+    # signals the kernel's whole process group) must not take its engines away; the
+    # parent stops them with SIGTERM, and they exit when it dies (the pipe closes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
         task_status.started()
         async for _ in signals:
             scope.cancel()

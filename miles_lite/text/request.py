@@ -56,6 +56,7 @@ async def post_generate(
         if span is not None:
             span.engine = url
             span.requests += 1
+            span.leased()
         return await client.post_json(url, GENERATE_PATH, payload, request_id=rid, retry=False)
 
     with run.in_flight.track(rid):

@@ -26,6 +26,7 @@ from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.rollout.contract import BindsContext, GenerateFn
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.rollout import Rollout, open_reward_pools
+from miles_lite.rollout.startup import startup_step
 from miles_lite.text.config import TextRolloutConfig
 from miles_lite.text.context import TextContext
 from miles_lite.text.kind import TextKind
@@ -78,6 +79,7 @@ class TextRollout(Rollout):
             dynamic_filter=dynamic_filter,
             progress=progress,
             max_started_samples=2 * router.capacity,
+            engines=router.urls,
         )
 
     @classmethod
@@ -94,7 +96,13 @@ class TextRollout(Rollout):
     ) -> AsyncIterator[TextRollout]:
         """Build the engine client and router (``config.engines``), the reward pools, and
         the generate function's own resources (its ``bind``: an agent's session server);
-        yield a rollout; close them all on exit.
+        yield a rollout; close them all on exit. Each step is logged
+        (:mod:`miles_lite.rollout.startup`).
+
+        Raises ``ConfigError`` for an engine URL without ``http://``, and
+        ``EngineUnavailableError`` naming the URLs when no engine answers ``/health``
+        within ``config.engines.router.ready_timeout_s`` (5 s by default; engines still
+        loading weights need more), and ``RewardError`` when a reward cannot load.
 
         ``rewards`` maps a kind to a reward function (a pool of ``config.reward_workers``
         processes), an async scorer with ``score``, or a ready pool. Other keywords go to
@@ -106,6 +114,8 @@ class TextRollout(Rollout):
             router = await stack.enter_async_context(
                 Router(engine_urls, client, config.engines.router)
             )
+            with startup_step(f"waiting for {len(router.urls)} engine(s) to answer /health"):
+                await router.wait_ready()
             pools = await open_reward_pools(stack, rewards or {}, config, arena=None)
             rollout = cls(
                 config=config,
@@ -116,5 +126,6 @@ class TextRollout(Rollout):
                 **kwargs,
             )
             if isinstance(rollout.generate, BindsContext):
-                await stack.enter_async_context(rollout.generate.bind(rollout.context))
+                with startup_step(f"binding {type(rollout.generate).__name__}"):
+                    await stack.enter_async_context(rollout.generate.bind(rollout.context))
             yield rollout

@@ -1,0 +1,297 @@
+"""``miles-lite text``: flags -> a text rollout against running engines -> samples as JSONL.
+
+Every flag becomes a typed object here (:func:`build_config`, :func:`build_generate`,
+:func:`build_rewards`, :func:`build_filters`); prompt files and tokenizers are read with
+one-line errors naming the file, the line and what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from miles_lite.cli.paths import CliError, load_function, load_object, one_line_errors
+from miles_lite.cli.report import report, say_startup_steps, write_pictures
+from miles_lite.engine.config import EngineConfig, RouterConfig
+from miles_lite.errors import ConfigError
+from miles_lite.rollout.contract import GenerateFn
+from miles_lite.rollout.filters import GroupFilter, drop_aborted, drop_failed, drop_zero_std
+from miles_lite.rollout.groups import PromptGroup, check_prompts
+from miles_lite.rollout.result import RolloutResult
+from miles_lite.rollout.startup import startup_step
+from miles_lite.sglang.sampling import TextSamplingParams
+from miles_lite.text.config import TextRolloutConfig
+from miles_lite.types import Sample
+
+__all__ = [
+    "build_config",
+    "build_filters",
+    "build_generate",
+    "build_rewards",
+    "load_prompts",
+    "load_tokenizer",
+    "rollout",
+    "run",
+    "sample_record",
+]
+
+#: The built-in dynamic filters by name (drop_zero_std as miles' DAPO filter).
+_FILTERS: dict[str, GroupFilter] = {
+    "drop_zero_std": drop_zero_std(),
+    "drop_failed": drop_failed,
+    "drop_aborted": drop_aborted,
+}
+
+
+def build_config(args: argparse.Namespace) -> TextRolloutConfig:
+    """The rollout's config from its flags (``ConfigError`` names a bad value)."""
+    reward = _reward_kind(args)
+    return TextRolloutConfig(
+        n_samples_per_prompt=args.samples_per_prompt,
+        seed=args.seed,
+        reward=reward,
+        reward_workers=args.reward_workers,
+        rollout_batch_size=args.rollout_batch_size,
+        over_sampling_batch_size=args.over_sampling_batch_size,
+        sampling=TextSamplingParams(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
+        ),
+        max_context_len=args.max_context_len,
+        engines=EngineConfig(
+            router=RouterConfig(
+                max_inflight_per_engine=args.max_inflight_per_engine,
+                ready_timeout_s=args.wait_for_engines,
+            )
+        ),
+    )
+
+
+def build_generate(args: argparse.Namespace, custom: GenerateFn | None = None) -> GenerateFn:
+    """The generate function the flags name: a custom one, an agent
+    (``AgentGenerate`` of ``--custom-agent-function-path``), ``MultiTurn``,
+    ``Benchmark``, or single turn. ``ConfigError`` names a path or parser that does not
+    resolve."""
+    from miles_lite.text.single_turn import generate as single_turn
+
+    if custom is not None:
+        return custom
+    if args.custom_agent_function_path:
+        from miles_lite.agentic.agent import AgentGenerate
+
+        return AgentGenerate(load_function(args.custom_agent_function_path))
+    if args.generate == "multi-turn":
+        return build_multi_turn(args)
+    if args.generate == "benchmark":
+        from miles_lite.text.benchmark import Benchmark
+
+        top = args.benchmark_max_new_tokens or args.max_new_tokens
+        return Benchmark(args.benchmark_min_new_tokens, top)
+    return single_turn
+
+
+def build_multi_turn(args: argparse.Namespace) -> GenerateFn:
+    """``MultiTurn(MultiTurnOptions(...))`` from the ``--generate-*`` flags."""
+    from miles_lite.text.multi_turn import MultiTurn, MultiTurnOptions
+    from miles_lite.text.tool_calls import TOOL_CALL_PARSERS
+
+    parser = TOOL_CALL_PARSERS.get(args.generate_tool_call_parser)
+    if parser is None:
+        raise ConfigError(
+            f"--generate-tool-call-parser {args.generate_tool_call_parser!r} is not one of"
+            f" {sorted(TOOL_CALL_PARSERS)}"
+        )
+    specs = None
+    if args.generate_tool_specs_path:
+        specs = load_object(args.generate_tool_specs_path)
+        if callable(specs):
+            specs = specs()  # a function returning the specs, as miles allows
+    execute = None
+    if args.generate_execute_tool_function_path:
+        execute = load_function(args.generate_execute_tool_function_path)
+    return MultiTurn(
+        MultiTurnOptions(
+            max_turns=args.generate_max_turns,
+            tool_specs=specs,
+            parser=parser,
+            execute_tool=execute,
+            tool_timeout_s=args.generate_tool_timeout_s,
+        )
+    )
+
+
+def _reward_kind(args: argparse.Namespace) -> str | None:
+    """The reward kind the flags name: ``custom`` for a function by path, the
+    ``--rm-type``, or None."""
+    if args.reward_function_path:
+        return "custom"
+    return None if args.reward == "none" else str(args.reward)
+
+
+def build_rewards(args: argparse.Namespace) -> dict[str, Any]:
+    """The reward pool's function under the config's kind (:func:`_reward_kind`), if any."""
+    kind = _reward_kind(args)
+    if kind is None:
+        return {}
+    if kind == "custom":
+        return {kind: load_function(args.reward_function_path)}
+    from miles_lite.rewards.text_rewards import TEXT_REWARDS
+
+    return {kind: TEXT_REWARDS[kind]}
+
+
+def build_filters(args: argparse.Namespace) -> list[GroupFilter]:
+    """The dynamic filters, in order: built-in names, then a filter by dotted path."""
+    filters: list[GroupFilter] = [_FILTERS[name] for name in args.dynamic_filter or ()]
+    if args.dynamic_sampling_filter_path:
+        filters.append(load_function(args.dynamic_sampling_filter_path))
+    return filters
+
+
+def load_prompts(path: str | os.PathLike[str], input_key: str, label_key: str) -> list[PromptGroup]:
+    """One :class:`PromptGroup` per line of a JSONL file: the prompt (a string or a chat
+    messages list) under ``input_key``, the label under ``label_key`` (optional), the
+    rest as metadata. :class:`CliError` naming the file and line on anything else."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from exc
+    prompts: list[PromptGroup] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise CliError(f"{path} line {number} is not JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise CliError(f"{path} line {number} is a {type(row).__name__}, not a JSON object")
+        if input_key not in row:
+            raise CliError(
+                f"{path} line {number} has no {input_key!r} key (--input-key); it has {sorted(row)}"
+            )
+        group = PromptGroup(prompt=row.pop(input_key), label=row.pop(label_key, None), metadata=row)
+        try:
+            check_prompts([group])
+        except ConfigError as exc:
+            problem = str(exc).replace("run() prompt 0", "the prompt", 1)
+            raise CliError(f"{path} line {number}: {problem}") from exc
+        prompts.append(group)
+    if not prompts:
+        raise CliError(f"the prompt file {path} has no prompts")
+    return prompts
+
+
+def load_tokenizer(path: str) -> Any:
+    """``AutoTokenizer.from_pretrained(path)``; :class:`CliError` in one line if it fails
+    (a local folder that does not exist fails at once, without asking a hub)."""
+    if path.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(path)):
+        raise CliError(f"cannot load the tokenizer from {path}: no such folder")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(os.path.expanduser(path))
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CliError(f"cannot load the tokenizer from {path}: {first}") from exc
+
+
+async def rollout(
+    urls: Sequence[str],
+    prompts: Sequence[Any],
+    *,
+    config: TextRolloutConfig,
+    tokenizer: Any,
+    generate: GenerateFn,
+    options: Mapping[str, Any],
+    rewards: Mapping[str, Any],
+    filters: Sequence[GroupFilter],
+    progress: bool,
+) -> RolloutResult:
+    """Open a text rollout on ``urls`` and run ``prompts`` once."""
+    from miles_lite.text.rollout import TextRollout
+
+    async with TextRollout.open(
+        urls,
+        tokenizer=tokenizer,
+        config=config,
+        rewards=rewards,
+        generate=generate,
+        generate_options=options,
+        dynamic_filter=list(filters),
+        progress=progress,
+    ) as opened:
+        return await opened.run(list(prompts))
+
+
+def sample_record(sample: Sample) -> dict[str, Any]:
+    """A sample as one JSON object (miles' field names)."""
+    log_probs = sample.rollout_log_probs
+    return {
+        "index": sample.index,
+        "group_index": sample.group_index,
+        "prompt": sample.prompt,
+        "label": sample.label,
+        "response": sample.response,
+        "tokens": list(sample.tokens),
+        "response_length": sample.response_length,
+        "loss_mask": list(sample.loss_mask or []),
+        "rollout_log_probs": [float(v) for v in (log_probs if log_probs is not None else [])],
+        "reward": sample.reward,
+        "status": sample.status.value,
+        "status_reason": sample.status_reason,
+        "finish_reason": sample.finish_reason,
+        "request_id": sample.request_id,
+        "turns": sample.turns,
+        "weight_versions": list(sample.weight_versions),
+        "metadata": sample.metadata,
+        "error": None if sample.error is None else str(sample.error),
+    }
+
+
+def write_samples(result: RolloutResult, path: str) -> int:
+    """Write the kept samples as JSONL (``-``: stdout); the number written."""
+    lines = [json.dumps(sample_record(s), default=str) for s in result.samples]
+    if path == "-":
+        sys.stdout.write("".join(line + "\n" for line in lines))
+    else:
+        Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return len(lines)
+
+
+def run(args: argparse.Namespace, *, generate: GenerateFn | None, options: dict[str, Any]) -> int:
+    """``miles-lite text``: see the module docstring."""
+    from miles_lite._core.run_sync import run_sync
+
+    say_startup_steps()
+    with one_line_errors():
+        config = build_config(args)
+        prompts = load_prompts(args.prompt_data, args.input_key, args.label_key)
+        with startup_step(f"loading the tokenizer from {args.tokenizer}"):
+            tokenizer = load_tokenizer(args.tokenizer)
+        job = functools.partial(
+            rollout,
+            list(args.engine_url),
+            prompts,
+            config=config,
+            tokenizer=tokenizer,
+            generate=build_generate(args, generate),
+            options=options,
+            rewards=build_rewards(args),
+            filters=build_filters(args),
+            progress=not args.no_progress,
+        )
+        result = run_sync(job, use_uvloop=args.uvloop)
+        pictures = write_pictures(result, args.trace, args.timeline)
+        if args.output:
+            written = write_samples(result, args.output)
+            if args.output != "-":
+                pictures["samples"] = f"{args.output} ({written} samples)"
+    report("text", result, as_json=args.json, pictures=pictures, tokenizer=tokenizer)
+    return 1 if result.failed else 0
