@@ -81,6 +81,7 @@ class DiffusionRollout(Rollout):
         self.generate = generate or generate_diffusion
         super().__init__(
             config=config,
+            router=router,
             kind=DiffusionKind(config, self.context, self.generate, dict(generate_options or {})),
             rewards=rewards,
             dynamic_filter=dynamic_filter,

@@ -3,8 +3,9 @@
 A transport seam (:class:`AsyncTransport`: aiohttp, or :class:`MockTransport` in unit
 tests; the worker-side exchange of ``fetch_in_parser`` in :mod:`miles_lite.engine.blocking`),
 one translation of transport failures into typed errors, the client, the router (the one
-retry loop: only what never reached an engine, or a 502/503/504, is sent again) and the
-one sender of aborts.
+retry loop: only what never reached an engine, or a 502/503/504, is sent again; the
+version gate of engines that missed a weight update; the record of weight versions) and
+the one sender of control calls (aborts, pauses, weight updates, cache flushes).
 
 Usage::
 
@@ -16,7 +17,22 @@ Usage::
 from miles_lite.engine.balancer import EngineState
 from miles_lite.engine.client import EngineClient, EngineClientStatistics
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
-from miles_lite.engine.control import AbortReport, EngineAbort, abort_request, abort_requests
+from miles_lite.engine.control import (
+    AbortReport,
+    ControlReport,
+    EngineAbort,
+    EngineOutcome,
+    abort_request,
+    abort_requests,
+    continue_generation,
+    flush_cache,
+    pause_generation,
+    plant_cache_canary,
+    probe_cache_canary,
+    read_weight_versions,
+    update_weight_version,
+    update_weights_from_disk,
+)
 from miles_lite.engine.response import (
     BodyAllocator,
     BodyBuffer,
@@ -32,6 +48,7 @@ from miles_lite.engine.transport import (
     MockResponse,
     MockTransport,
 )
+from miles_lite.engine.versions import VersionRecord, WeightVersions
 
 __all__ = [
     "AbortReport",
@@ -39,11 +56,13 @@ __all__ = [
     "AsyncTransport",
     "BodyAllocator",
     "BodyBuffer",
+    "ControlReport",
     "EngineAbort",
     "EngineClient",
     "EngineClientConfig",
     "EngineClientStatistics",
     "EngineConfig",
+    "EngineOutcome",
     "EngineState",
     "FreshBuffer",
     "MockFailure",
@@ -54,7 +73,17 @@ __all__ = [
     "Router",
     "RouterConfig",
     "RouterStatistics",
+    "VersionRecord",
+    "WeightVersions",
     "abort_request",
     "abort_requests",
     "allocate_fresh",
+    "continue_generation",
+    "flush_cache",
+    "pause_generation",
+    "plant_cache_canary",
+    "probe_cache_canary",
+    "read_weight_versions",
+    "update_weight_version",
+    "update_weights_from_disk",
 ]

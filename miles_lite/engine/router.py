@@ -6,8 +6,8 @@ requests to engines.
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,6 +19,7 @@ from miles_lite.engine._retry import retry_call
 from miles_lite.engine.balancer import Balancer, EngineSlot, EngineState
 from miles_lite.engine.config import RetryPolicy, RouterConfig
 from miles_lite.engine.health import HealthMonitor
+from miles_lite.engine.versions import WeightVersions
 
 if TYPE_CHECKING:
     from miles_lite.engine.client import EngineClient
@@ -68,6 +69,9 @@ class Router(AsyncResource):
         self._health = HealthMonitor(self._balancer, client)
         self._random = random.Random()
         self._stack: AsyncExitStack | None = None
+        #: The weight versions the engines were updated to (see
+        #: :class:`~miles_lite.engine.versions.WeightVersions`).
+        self.versions = WeightVersions()
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -76,7 +80,8 @@ class Router(AsyncResource):
 
     @property
     def healthy_urls(self) -> tuple[str, ...]:
-        """The URLs of engines in rotation, in the order given."""
+        """The URLs of engines in rotation (healthy, and not awaiting a weight version
+        they missed), in the order given."""
         return self._balancer.healthy_urls
 
     @property
@@ -96,12 +101,7 @@ class Router(AsyncResource):
 
     def in_flight(self, url: str) -> int:
         """Leases open now on ``url``; ``KeyError`` if the router does not know it."""
-        try:
-            return self._balancer.by_url[url].in_flight
-        except KeyError:
-            raise KeyError(
-                f"{url!r} is not one of the router's engines {list(self.urls)}"
-            ) from None
+        return self._engine(url).in_flight
 
     def statistics(self) -> RouterStatistics:
         """A snapshot of every engine's state and of the lease waits."""
@@ -112,6 +112,60 @@ class Router(AsyncResource):
             wait_timeouts=balancer.wait_timeouts,
             health_rounds=self._health.rounds,
         )
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Give no lease for the duration of the block (a weight update runs): requests
+        wait in the router, not at paused engines, and leave with the new version's cache
+        key. Leases already given are not affected. Not reentrant."""
+        if self._balancer.held:
+            raise RuntimeError("router.holding() is already in effect (one update at a time)")
+        self._balancer.hold(True)
+        try:
+            yield
+        finally:
+            self._balancer.hold(False)
+
+    def reported_version(self, url: str, version: str | None) -> bool:
+        """The engine at ``url`` reports weight ``version``: it serves again if that is the
+        current version (:attr:`versions`); otherwise it awaits the current one. Returns
+        whether it is clear of the version gate. ``KeyError`` for an unknown URL."""
+        engine = self._engine(url)
+        current = self.versions.current
+        if current is None or version == current:
+            self._balancer.clear_version(engine)
+            return True
+        self._balancer.await_version(engine, current)
+        return False
+
+    def await_version(self, url: str, version: str) -> None:
+        """Take the engine at ``url`` out of rotation until it reports weight ``version``
+        (it missed that update): each health round then asks its ``/model_info``, and
+        :meth:`check_versions` does at once. ``KeyError`` for an unknown URL."""
+        self._balancer.await_version(self._engine(url), version)
+
+    async def check_versions(self) -> dict[str, str | None]:
+        """Ask every engine that awaits a weight version for its version now (one bounded
+        ``/model_info`` each, concurrently); those reporting the awaited one rejoin the
+        rotation. Returns what each reported (None: no answer, or no version)."""
+        waiting = [e for e in self._balancer.engines if e.awaiting_version is not None]
+        found: dict[str, str | None] = {}
+
+        async def ask(engine: EngineSlot) -> None:
+            found[engine.url] = await self._health.probe_version(engine)
+
+        async with anyio.create_task_group() as tg:
+            for engine in waiting:
+                tg.start_soon(ask, engine)
+        return found
+
+    def _engine(self, url: str) -> EngineSlot:
+        try:
+            return self._balancer.by_url[url]
+        except KeyError:
+            raise KeyError(
+                f"{url!r} is not one of the router's engines {list(self.urls)}"
+            ) from None
 
     def forget(self, key: str) -> None:
         """Drop the engine remembered for sticky ``key`` (e.g. when a session ends)."""

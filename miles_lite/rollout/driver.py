@@ -19,12 +19,19 @@ does not stall it. Groups started but not finished are returned as ``partial``.
 Every ``run`` has its own :class:`~miles_lite.rollout.context.RunContext` (rollout id,
 stop signal, requests in flight), so runs may overlap on one driver: an early stop of
 one aborts only its own requests.
+
+:class:`RunHooks` let a consumer of kept groups (a trainer streaming them,
+:mod:`miles_lite.rollout.stream`) take part in one run: it admits each group start
+(backpressure), hears of each group's end, holds the run open while it still has kept
+groups to judge, and, through a :class:`RunHandle`, wakes the scheduler, refuses a kept
+group (dropped, or started again) or asks for the early stop.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any, Protocol
@@ -40,10 +47,13 @@ from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.spans import UnitSpan, span_metrics
 from miles_lite.types import Sample, SampleStatus
 
-__all__ = ["Driver", "RolloutKind"]
+__all__ = ["Driver", "RolloutKind", "RunHandle", "RunHooks"]
 
 #: Groups started per loop step (see _Run._schedule).
 _START_CHUNK = 8
+#: What the scheduler's inbox carries besides the index of a finished group.
+_WAKE = -1
+_STOP = -2
 #: Statuses of a sample that needs no more generation.
 _DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
 
@@ -77,6 +87,49 @@ class RolloutKind(Protocol):
     def measure(self) -> AbstractContextManager[KindMetrics]:
         """A window over one run (its pools' statistics); yields the function giving the
         kind's metrics of the run."""
+        ...
+
+
+class RunHandle(Protocol):
+    """What a run offers its :class:`RunHooks` (calls from the event loop, never blocking)."""
+
+    def wake(self) -> None:
+        """Let the scheduler look again (a group was taken: one more may start)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the run early, as when enough groups are kept: in-flight work is aborted,
+        unfinished groups come back as partial."""
+        ...
+
+    def refuse(self, index: int, restart: list[Sample] | None, reason: str) -> bool:
+        """Take back kept group ``index``: dropped with ``reason`` (``restart`` None), or
+        replaced by ``restart`` and started again. False once the run is over (nothing
+        changed)."""
+        ...
+
+
+class RunHooks(Protocol):
+    """A consumer of one run's kept groups (see the module docstring)."""
+
+    def attach(self, handle: RunHandle) -> None:
+        """Called once, before any group starts."""
+        ...
+
+    def admits(self) -> bool:
+        """Whether one more group may start now (checked before each start)."""
+        ...
+
+    def started(self, index: int) -> None:
+        """Group ``index`` started (again, for a restarted one)."""
+        ...
+
+    def finished(self, index: int, group: list[Sample], kept: bool) -> None:
+        """Group ``index`` ended, kept (enough not yet kept) or dropped by a filter."""
+        ...
+
+    def holding(self) -> bool:
+        """Whether the run must wait: kept groups may still be refused."""
         ...
 
 
@@ -120,15 +173,19 @@ class Driver:
         target: int | None = None,
         batch_size: int | None = None,
         rollout_id: int = 0,
+        hooks: RunHooks | None = None,
     ) -> RolloutResult:
         """Run ``groups`` until ``target`` are kept (default: all of them) and return them.
 
         ``batch_size``: groups started at a time while more are needed (default:
         ``target``). Failures of units, rewards and filters do not raise: their samples
         come back FAILED with a typed error. Cancelling ``run`` aborts the in-flight work
-        at the engines (shielded, bounded) and propagates.
+        at the engines (shielded, bounded) and propagates. ``hooks``: a consumer of the
+        kept groups taking part in the run (see :class:`RunHooks`).
         """
-        run = _Run(self, groups, RunContext(rollout_id), target=target, batch_size=batch_size)
+        run = _Run(
+            self, groups, RunContext(rollout_id), target=target, batch_size=batch_size, hooks=hooks
+        )
         self.runs.add(run.context)
         try:
             return await run.execute()
@@ -147,6 +204,7 @@ class _Run:
         *,
         target: int | None,
         batch_size: int | None,
+        hooks: RunHooks | None = None,
     ) -> None:
         self.driver = driver
         self.kind = driver.kind
@@ -171,7 +229,11 @@ class _Run:
         self.done_send, self.done_receive = anyio.create_memory_object_stream[int](math.inf)
         self.bar: Any = None
         self.stop_time: float | None = None
-        self.started = 0
+        self.started = 0  # the next group never started yet
+        self.active = 0  # groups started and not finished
+        self.hooks = hooks
+        self.restarts: deque[int] = deque()  # refused groups to start again
+        self.over = False  # the result is made: refusals change nothing
 
     async def execute(self) -> RolloutResult:
         t0 = time.monotonic()
@@ -186,12 +248,15 @@ class _Run:
             try:
                 async with anyio.create_task_group() as tg:
                     try:
+                        if self.hooks is not None:
+                            self.hooks.attach(self)
                         await self._schedule(tg)
                     finally:
-                        if not self.stopping.is_set() and self.started > len(self.finished):
+                        if not self.stopping.is_set() and self.active:
                             # Cancelled from outside: still stop the engines' work.
                             await self._stop(tg)
             finally:
+                self.over = True
                 self.done_send.close()
                 self.done_receive.close()
                 if self.bar is not None:
@@ -201,36 +266,98 @@ class _Run:
         return self._result(self.context.rollout_id, metrics)
 
     async def _schedule(self, tg: Any) -> None:
-        n = len(self.groups)
-        active = 0
         while True:
-            while self.started < n and active < self.target - len(self.kept) and self._fits():
-                for i in range(min(self.batch_size, n - self.started)):
-                    if not self._fits():
+            while (
+                self._startable()
+                and self.active < self.target - len(self.kept)
+                and self._fits()
+                and self._admits()
+            ):
+                for i in range(min(self.batch_size, self._startable())):
+                    if not (self._startable() and self._fits() and self._admits()):
                         break
                     if i and i % _START_CHUNK == 0:
                         # Let the groups just started take their first steps (and the
                         # loop its other work) before starting more: hundreds of first
                         # steps in one loop iteration stall it for a quarter second.
                         await anyio.lowlevel.checkpoint()
-                    size = self.started_sizes[self.started] = len(self.groups[self.started])
-                    self.started_samples += size
-                    tg.start_soon(self._run_group, self.started)
-                    self.started += 1
-                    active += 1
-            if active == 0:
+                    self._start(tg)
+            if self.active == 0 and not (self.hooks is not None and self.hooks.holding()):
                 return
-            self.started_samples -= self.started_sizes.pop(await self.done_receive.receive())
-            active -= 1
+            token = await self.done_receive.receive()
+            if token == _WAKE:
+                continue
+            if token == _STOP:
+                if self.active:
+                    await self._stop(tg)
+                return
+            self.started_samples -= self.started_sizes.pop(token)
+            self.active -= 1
             if len(self.kept) >= self.target:
-                if active:
+                if self.active:
                     await self._stop(tg)
                 return
 
+    def _startable(self) -> int:
+        """Groups that may start: refused ones to start again (once their first run's end
+        was counted), then groups never started."""
+        ready = sum(i not in self.started_sizes for i in self.restarts)
+        return ready + len(self.groups) - self.started
+
+    def _next(self) -> int:
+        for index in self.restarts:
+            if index not in self.started_sizes:
+                self.restarts.remove(index)
+                return index
+        self.started += 1
+        return self.started - 1
+
+    def _start(self, tg: Any) -> None:
+        index = self._next()
+        size = self.started_sizes[index] = len(self.groups[index])
+        self.started_samples += size
+        self.active += 1
+        if self.hooks is not None:
+            self.hooks.started(index)
+        tg.start_soon(self._run_group, index)
+
     def _fits(self) -> bool:
         """Whether the next group may start under ``max_started_samples``."""
-        size = len(self.groups[self.started])
+        ready = [i for i in self.restarts if i not in self.started_sizes]
+        size = len(self.groups[ready[0] if ready else self.started])
         return not self.started_sizes or self.started_samples + size <= self.max_started
+
+    def _admits(self) -> bool:
+        return self.hooks is None or self.hooks.admits()
+
+    # -- RunHandle: what the hooks may do -----------------------------------------------
+
+    def _send(self, token: int) -> None:
+        if not self.over:
+            self.done_send.send_nowait(token)
+
+    def wake(self) -> None:
+        """See :meth:`RunHandle.wake`."""
+        self._send(_WAKE)
+
+    def stop(self) -> None:
+        """See :meth:`RunHandle.stop`."""
+        self._send(_STOP)
+
+    def refuse(self, index: int, restart: list[Sample] | None, reason: str) -> bool:
+        """See :meth:`RunHandle.refuse`."""
+        if self.over or index not in self.kept:
+            return False
+        self.kept.remove(index)
+        if restart is None:
+            self.filtered.append((index, reason))
+        else:
+            self.finished.discard(index)
+            self.groups[index] = restart
+            self.outputs.pop(index, None)
+            self.restarts.append(index)
+        self._send(_WAKE)
+        return True
 
     async def _stop(self, tg: Any) -> None:
         """Early stop: nothing new is sent, in-flight work is aborted, the rest cancelled."""
@@ -273,6 +400,9 @@ class _Run:
             self.filtered.append((index, verdict.reason or "filtered"))
         self.finished.add(index)
         self.done_send.send_nowait(index)
+        if self.hooks is not None:
+            # After the end is queued: a refusal it makes is seen by the scheduler after.
+            self.hooks.finished(index, whole, verdict.keep)
 
     async def _run_unit(
         self, unit: list[Sample], span: UnitSpan, outputs: list[list[Sample]], slot: int

@@ -73,6 +73,7 @@ class TextRollout(Rollout):
         self.generate = generate or single_turn
         super().__init__(
             config=config,
+            router=router,
             kind=TextKind(config, self.context, self.generate, dict(generate_options or {})),
             rewards=rewards,
             dynamic_filter=dynamic_filter,
