@@ -57,18 +57,28 @@ class WeightVersions:
         """Every update, oldest first."""
         return tuple(self._records)
 
-    def record(self, version: str, *, mode: str, kept_kv: bool) -> VersionRecord:
-        """Make ``version`` the current one. Recording the current version again (a retry
-        of the last update) changes nothing but ``kept_kv`` (kept once kept); an older
-        one raises :class:`ConfigError` (versions only move forward)."""
+    def check_new(self, version: str) -> None:
+        """Raise :class:`ConfigError` unless ``version`` may be recorded next: a non-empty
+        str never used before (nor the engines' own, :attr:`base`), or the current one (a
+        retry of the last update)."""
         if not isinstance(version, str) or not version:
             raise ConfigError(f"a weight version must be a non-empty str, got {version!r}")
         index = self._index.get(version)
-        if index is not None and index != len(self._records) - 1:
+        if (index is not None and index != len(self._records) - 1) or (
+            index is None and version == self.base
+        ):
             raise ConfigError(
-                f"weight version {version!r} was recorded before (update {index} of"
-                f" {len(self._records)}, current {self.current!r}): versions only move forward"
+                f"weight version {version!r} was used before (current {self.current!r}):"
+                " versions only move forward"
             )
+
+    def record(self, version: str, *, mode: str, kept_kv: bool) -> VersionRecord:
+        """Make ``version`` the current one. Recording the current version again (a retry
+        of the last update) changes nothing but ``kept_kv`` (kept once kept); an older
+        one raises :class:`ConfigError` (versions only move forward, see
+        :meth:`check_new`)."""
+        self.check_new(version)
+        index = self._index.get(version)
         if index is not None:
             last = self._records[-1]
             self._records[-1] = dataclasses.replace(last, kept_kv=last.kept_kv or kept_kv)

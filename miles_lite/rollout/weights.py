@@ -198,13 +198,7 @@ async def update_weights(
     if isinstance(version, bool) or not isinstance(version, str | int):
         raise ConfigError(f"version must be a str or an int, got {version!r}")
     version = str(version)
-    if not version:
-        raise ConfigError("version must not be empty")
-    if router.versions.index(version) not in (-1, len(router.versions.records) - 1):
-        raise ConfigError(
-            f"weight version {version!r} was used before (current {router.versions.current!r}):"
-            " versions only move forward"
-        )
+    router.versions.check_new(version)
     client, urls = router.client, router.urls
     mode = PauseMode(config.mode)
     timeout_s = config.control_timeout_s
@@ -218,6 +212,7 @@ async def update_weights(
             before = await read_weight_versions(client, urls, timeout_s=timeout_s)
             seen = [e.version for e in before.engines if e.version is not None]
             router.versions.base = max(set(seen), key=seen.count) if seen else None
+            router.versions.check_new(version)  # not the engines' own version either
         if config.flushes and config.verify_flush:
             plant = await plant_cache_canary(client, urls, canary, timeout_s=timeout_s)
         paused_at = time.monotonic()
