@@ -15,6 +15,7 @@ Usage::
 """
 
 from miles_lite.engine.balancer import EngineState
+from miles_lite.engine.cache_control import flush_cache, plant_cache_canary, probe_cache_canary
 from miles_lite.engine.client import EngineClient, EngineClientStatistics
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.engine.control import (
@@ -25,10 +26,7 @@ from miles_lite.engine.control import (
     abort_request,
     abort_requests,
     continue_generation,
-    flush_cache,
     pause_generation,
-    plant_cache_canary,
-    probe_cache_canary,
     read_weight_versions,
     update_weight_version,
     update_weights_from_disk,

@@ -10,11 +10,12 @@ stalls no other. :func:`abort_request` aborts one rid (a request whose caller we
 or timed out), best effort and bounded.
 
 The weight-update calls (:func:`pause_generation`, :func:`continue_generation`,
-:func:`update_weights_from_disk`, :func:`update_weight_version`, :func:`flush_cache`,
-:func:`read_weight_versions`, and the cache canary that checks a flush's effect) go to
-every engine at once, each bounded in time, one attempt per engine (a control call is
-not idempotent enough to resend blindly; the flush alone is repeated, with backoff, while
-the engine answers that it cannot flush yet). They never raise for an engine's failure:
+:func:`update_weights_from_disk`, :func:`update_weight_version`,
+:func:`read_weight_versions`, and the prefix-cache calls of
+:mod:`miles_lite.engine.cache_control`, built on the same fan-out) go to every engine at
+once, each bounded in time, one attempt per engine (a control call is not idempotent
+enough to resend blindly; the flush alone is repeated, with backoff, while the engine
+answers that it cannot flush yet). They never raise for an engine's failure:
 a :class:`ControlReport` holds each engine's outcome with its typed error, and
 :meth:`ControlReport.raise_for_failures` raises one
 :class:`~miles_lite.errors.EngineControlError` naming every engine that failed.
@@ -41,7 +42,6 @@ from miles_lite.errors import (
 from miles_lite.sglang.control import (
     ABORT_PATH,
     CONTINUE_PATH,
-    FLUSH_CACHE_PATH,
     LOADS_PATH,
     MODEL_INFO_PATH,
     PAUSE_PATH,
@@ -58,11 +58,6 @@ from miles_lite.sglang.control import (
     update_from_disk_body,
     update_version_body,
 )
-from miles_lite.sglang.generate_wire import (
-    GENERATE_PATH,
-    build_generate_payload,
-    parse_generate_answer,
-)
 
 __all__ = [
     "AbortReport",
@@ -72,17 +67,11 @@ __all__ = [
     "abort_request",
     "abort_requests",
     "continue_generation",
-    "flush_cache",
     "pause_generation",
-    "plant_cache_canary",
-    "probe_cache_canary",
     "read_weight_versions",
     "update_weight_version",
     "update_weights_from_disk",
 ]
-
-#: The canary's prompt: ordinary ids every text vocabulary holds (see plant_cache_canary).
-_CANARY_IDS = list(range(100, 116))
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,51 +365,6 @@ async def update_weight_version(
     return await _fan_out("update_weight_version", urls, call)
 
 
-async def flush_cache(
-    client: EngineClient,
-    urls: Sequence[str],
-    *,
-    timeout_s: float = 30.0,
-    initial_delay_s: float = 0.05,
-    max_delay_s: float = 1.0,
-) -> ControlReport:
-    """``POST /flush_cache`` at every engine until it answers 200, within ``timeout_s``.
-
-    SGLang answers 400 while requests run (not paused, or paused ``in_place``): the
-    flush is sent again after a wait that doubles from ``initial_delay_s`` up to
-    ``max_delay_s`` (never a hot loop), as long as the next attempt fits the bound; then
-    the engine's outcome is an :class:`~miles_lite.errors.EngineControlError` saying how
-    many attempts were refused. Any other failure (unreachable, timeout, 5xx) ends that
-    engine's flush at once. A 200 is checked where it can be (:func:`probe_cache_canary`).
-    """
-
-    async def call(url: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        delay = initial_delay_s
-        attempts = 0
-        while True:
-            attempts += 1
-            left = deadline - time.monotonic()
-            try:
-                await client.post(url, FLUSH_CACHE_PATH, {}, timeout_s=max(left, 1e-3), retry=False)
-            except EngineStatusError as exc:
-                if exc.status != 400:
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise EngineControlError(
-                        f"flush_cache refused {attempts} time(s) within {timeout_s} s"
-                        f" (requests still run there: pause them with retract, or let them"
-                        f" end); last answer: {exc.body_excerpt!r:.200}",
-                        url=url,
-                    ) from exc
-                await anyio.sleep(delay)
-                delay = min(max_delay_s, delay * 2)
-                continue
-            return {"attempts": attempts}
-
-    return await _fan_out("flush_cache", urls, call)
-
-
 async def read_weight_versions(
     client: EngineClient, urls: Sequence[str], *, timeout_s: float = 10.0
 ) -> ControlReport:
@@ -435,56 +379,3 @@ async def read_weight_versions(
         return {"version": version}
 
     return await _fan_out("read_weight_versions", urls, call)
-
-
-def _canary_payload(key: str) -> dict[str, Any]:
-    payload = build_generate_payload(_CANARY_IDS, {"max_new_tokens": 1, "temperature": 0.0})
-    payload["extra_key"] = key
-    return payload
-
-
-async def plant_cache_canary(
-    client: EngineClient, urls: Sequence[str], key: str, *, timeout_s: float = 10.0
-) -> ControlReport:
-    """Put a short prompt in every engine's prefix cache under cache key ``key`` (one
-    token generated); :func:`probe_cache_canary` with the same key later tells whether
-    the cache was flushed in between. The engines must not be paused (it would wait)."""
-    return await _canary("plant_cache_canary", client, urls, key, timeout_s, expect_empty=False)
-
-
-async def probe_cache_canary(
-    client: EngineClient, urls: Sequence[str], key: str, *, timeout_s: float = 10.0
-) -> ControlReport:
-    """Send the canary of :func:`plant_cache_canary` again: an engine that finds any of
-    its prompt tokens cached (``meta_info.cached_tokens``) kept its prefix cache through
-    the flush, an error for that engine (``cached_tokens`` in each outcome)."""
-    return await _canary("probe_cache_canary", client, urls, key, timeout_s, expect_empty=True)
-
-
-async def _canary(
-    action: str,
-    client: EngineClient,
-    urls: Sequence[str],
-    key: str,
-    timeout_s: float,
-    *,
-    expect_empty: bool,
-) -> ControlReport:
-    async def call(url: str) -> dict[str, Any]:
-        payload = _canary_payload(key)
-        rid = payload["rid"]
-        answer = await client.post_json(
-            url, GENERATE_PATH, payload, request_id=rid, timeout_s=timeout_s, retry=False
-        )
-        cached = parse_generate_answer(answer, rid=rid, url=url).cached_tokens
-        if expect_empty and cached:
-            raise EngineControlError(
-                f"the cache still held {cached} of the canary's {len(_CANARY_IDS)} prompt"
-                " tokens after a flush that answered 200: KV computed before the update"
-                " may have been reused",
-                url=url,
-                request_id=rid,
-            )
-        return {"cached_tokens": cached}
-
-    return await _fan_out(action, urls, call)

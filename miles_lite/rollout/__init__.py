@@ -6,7 +6,7 @@ from miles_lite.rollout.batch import TrainingBatch, group_advantages, training_b
 from miles_lite.rollout.config import RolloutConfig
 from miles_lite.rollout.context import InFlight, RunContext
 from miles_lite.rollout.contract import AbortResult, BindsContext, GenerateFn, GenerateFnInput
-from miles_lite.rollout.driver import Driver, RolloutKind, RunHandle, RunHooks
+from miles_lite.rollout.driver import Driver
 from miles_lite.rollout.filters import (
     FilterResult,
     GroupFilter,
@@ -15,6 +15,8 @@ from miles_lite.rollout.filters import (
     drop_zero_std,
 )
 from miles_lite.rollout.groups import PromptGroup
+from miles_lite.rollout.hooks import RunHandle, RunHooks
+from miles_lite.rollout.kind import RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.rollout import Rollout
 from miles_lite.rollout.seeds import group_seeds

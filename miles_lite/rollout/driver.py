@@ -20,10 +20,10 @@ Every ``run`` has its own :class:`~miles_lite.rollout.context.RunContext` (rollo
 stop signal, requests in flight), so runs may overlap on one driver: an early stop of
 one aborts only its own requests.
 
-:class:`RunHooks` let a consumer of kept groups (a trainer streaming them,
+:class:`~miles_lite.rollout.hooks.RunHooks` let a consumer of kept groups (a trainer streaming them,
 :mod:`miles_lite.rollout.stream`) take part in one run: it admits each group start
 (backpressure), hears of each group's end, holds the run open while it still has kept
-groups to judge, and, through a :class:`RunHandle`, wakes the scheduler, refuses a kept
+groups to judge, and, through a :class:`~miles_lite.rollout.hooks.RunHandle`, wakes the scheduler, refuses a kept
 group (dropped, or started again) or asks for the early stop.
 """
 
@@ -32,9 +32,9 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, ExitStack
-from typing import Any, Protocol
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -42,12 +42,14 @@ import anyio.lowlevel
 from miles_lite.errors import GenerateError, MilesLiteError
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.filters import GroupFilter, apply_filters
+from miles_lite.rollout.hooks import RunHooks
+from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.spans import UnitSpan, span_metrics
 from miles_lite.types import Sample, SampleStatus
 
-__all__ = ["Driver", "RolloutKind", "RunHandle", "RunHooks"]
+__all__ = ["Driver", "RolloutKind"]
 
 #: Groups started per loop step (see _Run._schedule).
 _START_CHUNK = 8
@@ -56,81 +58,6 @@ _WAKE = -1
 _STOP = -2
 #: Statuses of a sample that needs no more generation.
 _DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
-
-
-#: Given the kept samples and the rollout time (seconds), a kind's metrics of one run.
-KindMetrics = Callable[[list[Sample], float], dict[str, float]]
-
-
-class RolloutKind(Protocol):
-    """What a kind of rollout gives the driver."""
-
-    #: After ``abort``, wait (bounded) for in-flight units to come back with partial
-    #: output (text) instead of cancelling them at once (diffusion: engines cannot abort).
-    drain_on_stop: bool
-
-    def units(self, group: list[Sample]) -> list[list[Sample]]:
-        """Cut a group into units of work (each sent by one generate call)."""
-        ...
-
-    async def generate(self, unit: list[Sample], span: UnitSpan, run: RunContext) -> list[Sample]:
-        """Generate one unit in ``run``; return its samples (may be more than given). May
-        raise."""
-        ...
-
-    async def abort(self, run: RunContext, *, alone: bool) -> dict[str, float]:
-        """Stop ``run``'s in-flight work at the engines (early stop; ``alone``: no other
-        run is in flight on this driver); return metrics of the abort. Bounded by the
-        driver."""
-        ...
-
-    def measure(self) -> AbstractContextManager[KindMetrics]:
-        """A window over one run (its pools' statistics); yields the function giving the
-        kind's metrics of the run."""
-        ...
-
-
-class RunHandle(Protocol):
-    """What a run offers its :class:`RunHooks` (calls from the event loop, never blocking)."""
-
-    def wake(self) -> None:
-        """Let the scheduler look again (a group was taken: one more may start)."""
-        ...
-
-    def stop(self) -> None:
-        """Stop the run early, as when enough groups are kept: in-flight work is aborted,
-        unfinished groups come back as partial."""
-        ...
-
-    def refuse(self, index: int, restart: list[Sample] | None, reason: str) -> bool:
-        """Take back kept group ``index``: dropped with ``reason`` (``restart`` None), or
-        replaced by ``restart`` and started again. False once the run is over (nothing
-        changed)."""
-        ...
-
-
-class RunHooks(Protocol):
-    """A consumer of one run's kept groups (see the module docstring)."""
-
-    def attach(self, handle: RunHandle) -> None:
-        """Called once, before any group starts."""
-        ...
-
-    def admits(self) -> bool:
-        """Whether one more group may start now (checked before each start)."""
-        ...
-
-    def started(self, index: int) -> None:
-        """Group ``index`` started (again, for a restarted one)."""
-        ...
-
-    def finished(self, index: int, group: list[Sample], kept: bool) -> None:
-        """Group ``index`` ended, kept (enough not yet kept) or dropped by a filter."""
-        ...
-
-    def holding(self) -> bool:
-        """Whether the run must wait: kept groups may still be refused."""
-        ...
 
 
 class Driver:
@@ -181,7 +108,7 @@ class Driver:
         ``target``). Failures of units, rewards and filters do not raise: their samples
         come back FAILED with a typed error. Cancelling ``run`` aborts the in-flight work
         at the engines (shielded, bounded) and propagates. ``hooks``: a consumer of the
-        kept groups taking part in the run (see :class:`RunHooks`).
+        kept groups taking part in the run (see :class:`~miles_lite.rollout.hooks.RunHooks`).
         """
         run = _Run(
             self, groups, RunContext(rollout_id), target=target, batch_size=batch_size, hooks=hooks
@@ -296,7 +223,10 @@ class _Run:
             if len(self.kept) >= self.target:
                 if self.active:
                     await self._stop(tg)
-                return
+                    return
+                if not (self.hooks is not None and self.hooks.holding()):
+                    return
+                # Nothing runs, but kept groups may still be refused (and started again).
 
     def _startable(self) -> int:
         """Groups that may start: refused ones to start again (once their first run's end
@@ -337,15 +267,15 @@ class _Run:
             self.done_send.send_nowait(token)
 
     def wake(self) -> None:
-        """See :meth:`RunHandle.wake`."""
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.wake`."""
         self._send(_WAKE)
 
     def stop(self) -> None:
-        """See :meth:`RunHandle.stop`."""
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.stop`."""
         self._send(_STOP)
 
     def refuse(self, index: int, restart: list[Sample] | None, reason: str) -> bool:
-        """See :meth:`RunHandle.refuse`."""
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.refuse`."""
         if self.over or index not in self.kept:
             return False
         self.kept.remove(index)

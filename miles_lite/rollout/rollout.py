@@ -20,9 +20,10 @@ from miles_lite.errors import ConfigError
 from miles_lite.pools.arena import Arena
 from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool, RewardPoolLike
 from miles_lite.rollout.config import RolloutConfig
-from miles_lite.rollout.driver import Driver, RolloutKind
+from miles_lite.rollout.driver import Driver
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.groups import GroupSpec, make_groups
+from miles_lite.rollout.kind import RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.staleness import (

@@ -87,25 +87,31 @@ def reset_stale_samples(group: Sequence[Sample], versions: WeightVersions, max_l
 
 
 def staleness_metrics(
-    groups: Iterable[Sequence[Sample]], versions: WeightVersions
+    groups: Iterable[Sequence[Sample]],
+    versions: WeightVersions,
+    *,
+    lags: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """``rollout/staleness_mean`` / ``_max`` / ``_min``: the lag of each group (in weight
     updates, 0 = every token by the current version), and ``rollout/tokens_per_version/<v>``:
-    model tokens per version (over the versions' spans), for the groups given."""
-    lags: list[int] = []
+    model tokens per version (over the versions' spans), for the groups given. ``lags``:
+    the groups' lags as they were when handed over (default: as they are now)."""
+    found: list[int] = []
     tokens: Counter[str] = Counter()
     for group in groups:
-        lag = group_lag(group, versions)
+        lag = group_lag(group, versions) if lags is None else None
         if lag is not None:
-            lags.append(lag)
+            found.append(lag)
         for sample in group:
             for span in sample.weight_spans:
                 tokens[span.version] += span.end - span.start
+    if lags is not None:
+        found = list(lags)
     metrics: dict[str, float] = {}
-    if lags:
-        metrics["rollout/staleness_mean"] = sum(lags) / len(lags)
-        metrics["rollout/staleness_max"] = float(max(lags))
-        metrics["rollout/staleness_min"] = float(min(lags))
+    if found:
+        metrics["rollout/staleness_mean"] = sum(found) / len(found)
+        metrics["rollout/staleness_max"] = float(max(found))
+        metrics["rollout/staleness_min"] = float(min(found))
     for version, count in tokens.items():
         metrics[f"rollout/tokens_per_version/{version}"] = float(count)
     return metrics

@@ -45,7 +45,8 @@ from miles_lite.rollout.staleness import (
 from miles_lite.types import Sample
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.driver import Driver, RunHandle
+    from miles_lite.rollout.driver import Driver
+    from miles_lite.rollout.hooks import RunHandle
 
 __all__ = ["GroupStream", "StreamStatistics"]
 
@@ -119,17 +120,21 @@ class GroupStream:
         self._changed = anyio.Event()
         self._done = False
         self._taken: list[list[Sample]] = []
+        self._lags: list[int] = []  # of the groups taken, when they were taken
         self._late: list[list[Sample]] = []  # resumed after the run ended: partial
         self._late_drops: list[list[Sample]] = []  # dropped after the run ended: filtered
         self._driver_result: RolloutResult | None = None
         self._result: RolloutResult | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._entered = False
+        self._stop_requested = False
 
     # -- RunHooks ------------------------------------------------------------------------
 
     def attach(self, handle: RunHandle) -> None:
         self._handle = handle
+        if self._stop_requested:
+            handle.stop()
 
     def admits(self) -> bool:
         return self._stats.started - self._released < self._max_ahead
@@ -187,10 +192,10 @@ class GroupStream:
     def _fresh(self, index: int, group: list[Sample]) -> bool:
         """Whether ``group`` may go to the trainer; if not, it is dropped or resumed."""
         limit = self._max_staleness
-        if limit is None:
-            return True
         lag = group_lag(group, self._versions)
-        if lag is None or lag <= limit:
+        if limit is None or lag is None or lag <= limit:
+            if lag is not None:
+                self._lags.append(lag)
             return True
         handle = self._handle
         if self._policy is StalenessPolicy.DROP:
@@ -247,10 +252,19 @@ class GroupStream:
     ) -> bool | None:
         tg = self._tg
         assert tg is not None
-        if not self._done and self._handle is not None:
-            self._handle.stop()  # the trainer left: stop as an early stop does
+        if not self._done:
+            # The trainer left: stop as an early stop does (in-flight work aborted,
+            # bounded), also when the run has not attached yet.
+            self._stop_requested = True
+            if self._handle is not None:
+                self._handle.stop()
         try:
-            return await tg.__aexit__(exc_type, exc, tb)
+            if exc is None or isinstance(exc, Exception):
+                # Its own error goes on as it is, not wrapped in an exception group,
+                # once the run has stopped.
+                await tg.__aexit__(None, None, None)
+                return None
+            return await tg.__aexit__(exc_type, exc, tb)  # cancellation
         finally:
             if self._driver_result is not None:
                 self._result = self._finish(self._driver_result)
@@ -261,7 +275,7 @@ class GroupStream:
         handled = {id(s) for g in (*self._taken, *self._late, *self._late_drops) for s in g}
         untaken = [g for g in run.groups if not any(id(s) in handled for s in g)]
         metrics = dict(run.metrics)
-        metrics.update(staleness_metrics(self._taken, self._versions))
+        metrics.update(staleness_metrics(self._taken, self._versions, lags=self._lags))
         stats = self._stats
         metrics["rollout/staleness_dropped_groups"] = float(stats.dropped_stale)
         metrics["rollout/staleness_resumed_groups"] = float(stats.resumed_stale)

@@ -37,13 +37,11 @@ from dataclasses import dataclass
 import anyio
 
 from miles_lite._core.validate import check_choice, check_seconds
+from miles_lite.engine.cache_control import flush_cache, plant_cache_canary, probe_cache_canary
 from miles_lite.engine.control import (
     ControlReport,
     continue_generation,
-    flush_cache,
     pause_generation,
-    plant_cache_canary,
-    probe_cache_canary,
     read_weight_versions,
     update_weight_version,
     update_weights_from_disk,

@@ -53,8 +53,11 @@ def test_a_request_sent_just_before_an_update_that_kept_kv_is_marked_when_its_pr
     assert log.mark_kv(only_new, sent_under="1", cached_tokens=0)[0].kv_version is None
     assert log.mark_kv(only_new, sent_under="2", cached_tokens=5)[0].kv_version is None
     # Sent before the first update, with no key: the cached KV is the engines' own.
-    assert log.mark_kv([WeightSpan("1", 0, 1)], sent_under=None, cached_tokens=3)[0].kv_version is None
+    assert (
+        log.mark_kv([WeightSpan("1", 0, 1)], sent_under=None, cached_tokens=3)[0].kv_version is None
+    )
     first = versions(("1", True))
-    assert first.mark_kv([WeightSpan("1", 0, 1)], sent_under=None, cached_tokens=3)[
-        0
-    ].kv_version == "default"
+    assert (
+        first.mark_kv([WeightSpan("1", 0, 1)], sent_under=None, cached_tokens=3)[0].kv_version
+        == "default"
+    )

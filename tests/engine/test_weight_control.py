@@ -12,14 +12,12 @@ from typing import Any
 import anyio
 import pytest
 
+from miles_lite.engine.cache_control import flush_cache, plant_cache_canary, probe_cache_canary
 from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
 from miles_lite.engine.control import (
     continue_generation,
-    flush_cache,
     pause_generation,
-    plant_cache_canary,
-    probe_cache_canary,
     read_weight_versions,
     update_weight_version,
     update_weights_from_disk,

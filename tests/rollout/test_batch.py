@@ -13,7 +13,9 @@ from miles_lite.rollout.batch import group_advantages, training_batch
 from miles_lite.types import Sample, SampleStatus
 
 
-def sample(index: int, prompt: list[int], out: list[int], reward: float | None, **kw: object) -> Sample:
+def sample(
+    index: int, prompt: list[int], out: list[int], reward: float | None, **kw: object
+) -> Sample:
     made = Sample(
         index=index,
         group_index=index // 10,
@@ -65,7 +67,10 @@ def test_a_padded_batch_lays_every_per_token_field_along_the_tokens() -> None:
 
 
 def test_a_packed_batch_is_one_row_with_sequence_bounds() -> None:
-    groups = [[sample(0, [1], [2, 3], 1.0), sample(1, [1], [4], 0.0)], [sample(10, [9, 9], [8], 2.0)]]
+    groups = [
+        [sample(0, [1], [2, 3], 1.0), sample(1, [1], [4], 0.0)],
+        [sample(10, [9, 9], [8], 2.0)],
+    ]
     batch = training_batch(groups, pack=True, dtype=torch.float64)
     assert batch.packed and batch.tokens.tolist() == [[1, 2, 3, 1, 4, 9, 9, 8]]
     assert batch.cu_seqlens.tolist() == [0, 3, 5, 8]  # type: ignore[union-attr]
@@ -76,10 +81,12 @@ def test_a_packed_batch_is_one_row_with_sequence_bounds() -> None:
 
 
 def test_a_sample_without_a_reward_or_any_sample_at_all_is_refused() -> None:
-    with pytest.raises(RewardError, match="sample 1 .* has reward None"):
+    with pytest.raises(RewardError, match=r"sample 1 .* has reward None"):
         training_batch([[sample(0, [1], [2], 1.0), sample(1, [1], [2], None)]])
     with pytest.raises(RewardError, match="reward_key 'acc'"):
         training_batch([[sample(0, [1], [2], {"f1": 1.0})]], reward_key="acc")  # type: ignore[arg-type]
-    failed = sample(0, [1], [2], None, status=SampleStatus.FAILED, error=EngineStatusError("x", status=400))
+    failed = sample(
+        0, [1], [2], None, status=SampleStatus.FAILED, error=EngineStatusError("x", status=400)
+    )
     with pytest.raises(ValueError, match="no sample to train on"):
         training_batch([[failed]])

@@ -27,6 +27,8 @@ from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
 from miles_lite.types import Sample
 
+from .conftest import wait_until
+
 pytestmark = pytest.mark.anyio
 
 LONG = TextSamplingParams(max_new_tokens=12, extra={"ignore_eos": True})
@@ -76,7 +78,9 @@ async def saved(module: Any, folder: Path, seed: int) -> Any:
         trained = copy.deepcopy(module)
         with torch.no_grad():
             weight = trained.model.embed_tokens.weight
-            weight.add_(0.5 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed)))
+            weight.add_(
+                0.5 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed))
+            )
         trained.save_pretrained(str(folder))
         return trained
 
@@ -103,8 +107,8 @@ async def run_across_update(
 
         start = engine.stats.generated_tokens
         tg.start_soon(run)
-        while engine.stats.generated_tokens < start + 3 * rollout.config.n_samples_per_prompt:
-            await anyio.sleep(0.01)
+        need = start + 3 * rollout.config.n_samples_per_prompt
+        await wait_until(lambda: engine.stats.generated_tokens >= need)
         out["report"] = await rollout.update_weights(path, version=version, **kw)
     return out["result"], out["report"]
 
@@ -121,7 +125,10 @@ async def test_retract_with_a_flush_keeps_requests_and_every_token_matches_its_v
         stats = engine.statistics()
     assert report.ok and report.flushed and not report.kept_kv and report.mode is PauseMode.RETRACT
     assert report.verify is not None and report.verify.ok  # the canary found nothing cached
-    assert [s.action for s in report.stages][:2] == ["plant_cache_canary", "pause_generation(retract)"]
+    assert [s.action for s in report.stages][:2] == [
+        "plant_cache_canary",
+        "pause_generation(retract)",
+    ]
     assert (stats.pauses, stats.weight_loads, stats.flushes, stats.aborts) == (1, 1, 1, ())
     weights = {"default": old, "1": new}
     for sample in result.samples:

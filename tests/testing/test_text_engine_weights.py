@@ -119,7 +119,9 @@ async def test_the_tiny_model_loads_new_weights_and_retract_recomputes_only_afte
         weights = {"default": model.model}
         for seed, version in ((5, "v2"), (6, "v3")):
             weights[version] = _perturbed(model.model, seed)
-            await anyio.to_thread.run_sync(weights[version].save_pretrained, str(tmp_path / version))
+            await anyio.to_thread.run_sync(
+                weights[version].save_pretrained, str(tmp_path / version)
+            )
         status, answer = await post(
             http, f"{url}/update_weights_from_disk", {"model_path": str(tmp_path / "missing")}
         )
@@ -150,7 +152,7 @@ async def test_the_tiny_model_loads_new_weights_and_retract_recomputes_only_afte
         reported = [lp for lp, _, _ in answer["meta_info"]["output_token_logprobs"]]
         before = await anyio.to_thread.run_sync(_logprobs, weights[spans[0]["version"]], out)
         after = await anyio.to_thread.run_sync(_logprobs, weights[spans[1]["version"]], out)
-        assert max(abs(a - b) for a, b in zip(reported[:cut], before[:cut])) < 1e-4
+        assert max(abs(a - b) for a, b in zip(reported[:cut], before[:cut], strict=True)) < 1e-4
         off = [abs(a - b) for a, b in zip(reported[cut:], after[cut:], strict=True)]
         if expect_exact:
             assert max(off) < 1e-4  # recomputed under the new weights
