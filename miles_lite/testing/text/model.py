@@ -69,6 +69,9 @@ class TinyModel:
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=context_length,
+            # As scripts/sglang-cpu/build_model.py builds the real server's tiny model, so
+            # that one trainer-side model fits both.
+            rope_theta=1000000.0,
             tie_word_embeddings=True,
         )
         # Weights from our seed without moving the caller's global torch RNG.
