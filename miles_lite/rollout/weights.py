@@ -4,8 +4,9 @@ One call, :func:`update_weights` (``Rollout.update_weights``), in this order:
 
 1. the router holds new leases: requests wait in the router, not at paused engines, and
    leave afterwards with the new version's cache key;
-2. where a flush is planned, a canary prompt is cached at every engine
-   (:func:`~miles_lite.engine.control.plant_cache_canary`), to check the flush's effect;
+2. with ``verify_flush``, a canary prompt is cached at every engine
+   (:func:`~miles_lite.engine.cache_control.plant_cache_canary`), to check the flush's
+   effect;
 3. every engine pauses in the configured mode (``retract`` by default);
 4. the weights are pushed (``/update_weights_from_disk`` with the version), or only the
    version is bumped (``/update_weight_version``, never aborting) when the trainer pushed
@@ -16,8 +17,13 @@ One call, :func:`update_weights` (``Rollout.update_weights``), in this order:
    requests in flight across the update kept KV from the old weights), and an engine
    that does not report it leaves the rotation until it does;
 7. every engine continues (shielded and bounded: no engine stays paused, even when the
-   update fails or is cancelled), the hold ends, and the canary is sent again: an engine
-   whose cache still holds it did not really flush.
+   update fails or is cancelled), the hold ends, and the canary (if any) is sent again: an
+   engine whose cache still holds it did not really flush.
+
+The canary is off by default: SGLang 0.5.23 answers a flush it could not do with 400 (the
+flush waits and retries then), and the canary's two short requests queue behind the
+requests running at the engine (seconds, with a full batch of long generations), which
+the trainer would wait for at every update. Turn it on to check a new engine version.
 
 ``retract`` with a flush is the default: the one mode measured exact (every token of a
 request in flight across the update matches the weights of its span). ``in_place`` keeps
@@ -64,7 +70,8 @@ class WeightUpdateConfig:
     - ``flush_cache``: flush the engines' prefix cache after the push; ``None`` (the
       default) flushes where the mode allows it (not ``in_place``, where SGLang refuses
       while requests are held); ``True`` with ``in_place`` is refused;
-    - ``verify_flush``: check the flush's effect with a cached canary prompt;
+    - ``verify_flush``: check the flush's effect with a cached canary prompt (off by
+      default: its requests queue behind the running ones; see the module docstring);
     - ``control_timeout_s``: bound on each pause, continue, version bump and version read;
       ``load_timeout_s``: on loading the weights; ``flush_timeout_s``: on the flush's wait.
 
@@ -75,7 +82,7 @@ class WeightUpdateConfig:
 
     mode: PauseMode = PauseMode.RETRACT
     flush_cache: bool | None = None
-    verify_flush: bool = True
+    verify_flush: bool = False
     control_timeout_s: float = 10.0
     load_timeout_s: float = 300.0
     flush_timeout_s: float = 30.0

@@ -123,7 +123,10 @@ async def test_updates_keep_requests_in_flight_and_every_token_matches_its_weigh
     sglang_url: str, tokenizer: Any, trainer: Any, tmp_path: Path
 ) -> None:
     tag = uuid.uuid4().hex[:6]
-    async with rollout_on(sglang_url, tokenizer, n_samples_per_prompt=2) as rollout:
+    checked = WeightUpdateConfig(verify_flush=True)  # and the flush's effect is checked
+    async with rollout_on(
+        sglang_url, tokenizer, n_samples_per_prompt=2, weight_update=checked
+    ) as rollout:
         base = f"{tag}-0"
         await rollout.update_weights(_save(trainer, tmp_path / "v0"), version=base)
         new = await anyio.to_thread.run_sync(perturbed, trainer, tmp_path / "v1", 1)
@@ -131,7 +134,7 @@ async def test_updates_keep_requests_in_flight_and_every_token_matches_its_weigh
         # A bump alone (the trainer pushed by itself) aborts nothing either.
         bumped, bump = await across_update(rollout, sglang_url, None, f"{tag}-2")
     assert report.ok and report.flushed and report.verify is not None and report.verify.ok
-    assert bump.ok and [s.action for s in bump.stages][2] == "update_weight_version"
+    assert bump.ok and bump.push.action == "update_weight_version"
     weights = {base: trainer, f"{tag}-1": new, f"{tag}-2": new}
     for sample in [*result.samples, *bumped.samples]:
         assert sample.status is SampleStatus.TRUNCATED and sample.finish_reason == "length"
@@ -145,6 +148,7 @@ async def test_updates_keep_requests_in_flight_and_every_token_matches_its_weigh
         for span in sample.weight_spans:
             expected = await anyio.to_thread.run_sync(logprobs, weights[span.version], sample)
             worst = max(worst, *(abs(got[i] - expected[i]) for i in range(span.start, span.end)))
+    print(f"log-prob mismatch across a retract update: max {worst:.2e}")
     assert worst < LOGPROB_TOLERANCE, worst
 
 
@@ -157,14 +161,22 @@ async def test_in_place_marks_old_kv_and_a_prompt_after_the_update_finds_none_ca
         await rollout.update_weights(_save(trainer, tmp_path / "v0"), version=f"{tag}-0")
         probe = "A prompt that is sent before and after the update."
         before = [await rollout.run([probe]) for _ in range(2)]  # the second hits the first
-        await anyio.to_thread.run_sync(perturbed, trainer, tmp_path / "v1", 2)
+        new = await anyio.to_thread.run_sync(perturbed, trainer, tmp_path / "v1", 2)
         result, report = await across_update(rollout, sglang_url, tmp_path / "v1", f"{tag}-1")
         after = await rollout.run([probe], rollout_id=99)
     assert report.ok and report.kept_kv and report.flush is None
+    off = 0.0
     for sample in result.samples:
-        old, new = sample.weight_spans
-        assert (old.version, new.version, new.kv_version) == (f"{tag}-0", f"{tag}-1", f"{tag}-0")
-        assert new.end == 200
+        first, second = sample.weight_spans
+        assert (first.version, second.version) == (f"{tag}-0", f"{tag}-1")
+        assert second.kv_version == f"{tag}-0" and second.end == 200
+        # Made by the new weights on the old KV: not what the new weights alone give.
+        expected = await anyio.to_thread.run_sync(logprobs, new, sample)
+        got = sample.rollout_log_probs
+        assert got is not None
+        off = max(off, *(abs(got[i] - expected[i]) for i in range(second.start, second.end)))
+    print(f"in_place: tokens after the update off the new weights by up to {off:.2e}")
+    assert off > 1e-3
     cached = [r.samples[0].prefix_cache_info.cached_tokens for r in before]
     assert cached[1] > 0  # the KV of the same prompt is reused within a version
     assert after.samples[0].prefix_cache_info.cached_tokens == 0  # never across one

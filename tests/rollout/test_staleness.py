@@ -86,10 +86,7 @@ async def test_groups_that_went_stale_in_the_buffer_are_dropped_or_made_again(
                     await rollout.update_weights(None, version="1")
         result = groups.result
         stats = groups.statistics()
-        requests = engine.statistics().requests
-        canary = [r for r in requests if str(r.get("extra_key")).startswith("miles-lite-canary")]
-        sent = len(requests) - len(canary)
-    assert len(canary) == 2  # the flush's check: planted, then probed
+        sent = len(engine.statistics().requests)
     assert {s.version for s in got[0][0].weight_spans} == {"default"}
     metrics = result.metrics
     if policy is StalenessPolicy.DROP:

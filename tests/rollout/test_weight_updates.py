@@ -116,7 +116,11 @@ async def run_across_update(
 async def test_retract_with_a_flush_keeps_requests_and_every_token_matches_its_versions_weights(
     tiny_rollout: Open, tmp_path: Path
 ) -> None:
-    async with tiny_rollout(n_samples_per_prompt=2) as (rollout, (engine,)):
+    checked = WeightUpdateConfig(verify_flush=True)
+    async with tiny_rollout(n_samples_per_prompt=2, weight_update=checked) as (
+        rollout,
+        (engine,),
+    ):
         assert engine.model is not None
         old = engine.model.model
         new = await saved(old, tmp_path / "v1", seed=1)
@@ -199,7 +203,7 @@ async def test_an_engine_that_missed_the_update_leaves_rotation_until_it_reports
         with pytest.raises(ConfigError, match="only move forward"):
             await rollout.update_weights(None, version="default")
         report = await rollout.update_weights(None, version="2")  # a bump, both engines
-        assert report.ok and [s.action for s in report.stages][2] == "update_weight_version"
+        assert report.ok and report.push.action == "update_weight_version"
 
 
 async def test_a_cancelled_update_still_lets_every_engine_continue() -> None:
@@ -220,9 +224,8 @@ async def test_a_cancelled_update_still_lets_every_engine_continue() -> None:
         EngineClient(config, transport=MockTransport(handler)) as client,
         Router(["http://a"], client, RouterConfig(max_inflight_per_engine=2)) as router,
     ):
-        settings = WeightUpdateConfig(verify_flush=False)
         with anyio.move_on_after(0.3):
-            await update_weights(router, "/ckpt", version="1", config=settings)
+            await update_weights(router, "/ckpt", version="1")
         assert calls[-1] == "/continue_generation"
         async with router.lease() as url:  # the hold ended with it
             assert url == "http://a"
