@@ -11,8 +11,9 @@
     │   ├── EngineUnavailableError           refused (retryable) / reset after sending
     │   ├── EngineTimeoutError               connect timeout (retryable) / no answer
     │   ├── EngineStatusError                non-2xx answer (retryable on 502/503/504)
-    │   └── EngineProtocolError              answer not in the wire format (truncated, ...)
-    │       └── BodyTooLargeError            body over the configured limit: refused
+    │   ├── EngineProtocolError              answer not in the wire format (truncated, ...)
+    │   │   └── BodyTooLargeError            body over the configured limit: refused
+    │   └── EngineControlError               a pause, weight update or flush failed at engines
     ├── CodecError                           a body that does not decode
     ├── ArenaError                           shared-memory arena misuse or exhaustion
     │   └── ArenaFullError                   no room within the wait (rollouts spill instead)
@@ -48,6 +49,7 @@ __all__ = [
     "ClosedResourceError",
     "CodecError",
     "ConfigError",
+    "EngineControlError",
     "EngineError",
     "EngineProtocolError",
     "EngineStatusError",
@@ -198,6 +200,29 @@ class EngineProtocolError(EngineError):
 
 class BodyTooLargeError(EngineProtocolError):
     """Raised when a response body exceeds the configured limit; it is refused unread."""
+
+
+class EngineControlError(EngineError):
+    """Raised when a control call (pause, continue, weight update, version bump, cache
+    flush) failed at one or more engines.
+
+    ``failures`` maps each failing engine's URL to its typed error (``url`` is the first
+    of them); the engines not named took the call.
+
+    Usage: ``report.raise_for_failures()`` raises it after a fan-out.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failures: dict[str, EngineError] | None = None,
+        url: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        failures = dict(failures or {})
+        super().__init__(message, url=url or next(iter(failures), None), request_id=request_id)
+        self.failures = failures
 
 
 class CodecError(MilesLiteError):

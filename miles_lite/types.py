@@ -65,11 +65,18 @@ class PrefixCacheInfo:
 class WeightSpan:
     """The policy version that made the response tokens ``[start, end)`` of a sample
     (offsets in the response, as SGLang's ``meta_info.weight_versions`` gives them per
-    request)."""
+    request).
+
+    ``kv_version``: set when these tokens were made on context (KV) computed by an older
+    version: the request went on across a weight update that kept its KV (an
+    ``in_place`` pause, or no cache flush); it names the oldest version whose KV was in
+    the context. ``None``: the context was computed by ``version`` itself.
+    """
 
     version: str
     start: int
     end: int
+    kv_version: str | None = None
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from miles_lite.diffusion.config import DiffusionRolloutConfig
 from miles_lite.diffusion.context import DiffusionContext
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import GenerateFn, GenerateFnInput
-from miles_lite.rollout.driver import KindMetrics
+from miles_lite.rollout.kind import KindMetrics
 from miles_lite.rollout.spans import UnitSpan
 from miles_lite.types import Sample
 

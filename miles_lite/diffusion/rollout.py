@@ -83,12 +83,12 @@ class DiffusionRollout(Rollout):
         self.generate = generate or generate_diffusion
         super().__init__(
             config=config,
+            router=router,
             kind=DiffusionKind(config, self.context, self.generate, dict(generate_options or {})),
             rewards=rewards,
             dynamic_filter=dynamic_filter,
             progress=progress,
             max_started_samples=2 * router.capacity * config.microgroup_size,
-            engines=router.urls,
         )
 
     @classmethod

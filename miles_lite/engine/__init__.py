@@ -3,9 +3,11 @@
 A transport seam (:class:`AsyncTransport`: aiohttp, or :class:`MockTransport` in unit
 tests; the worker-side exchange of ``fetch_in_parser`` in :mod:`miles_lite.engine.blocking`),
 one translation of transport failures into typed errors, the client, the router (the one
-retry loop: only what never reached an engine, or a 502/503/504, is sent again) and the
-one sender of aborts. The router may also generate through SGLang's own router
-(:class:`SmgConfig`, :mod:`miles_lite.engine.smg`), still aborting at the engines.
+retry loop: only what never reached an engine, or a 502/503/504, is sent again; the
+version gate of engines that missed a weight update; the record of weight versions) and
+the one sender of control calls (aborts, pauses, weight updates, cache flushes). The
+router may also generate through SGLang's own router (:class:`SmgConfig`,
+:mod:`miles_lite.engine.smg`), still aborting and controlling at the engines.
 
 Usage::
 
@@ -19,8 +21,18 @@ import typing
 from miles_lite._core.lazy import lazy_exports as _lazy_exports
 
 if typing.TYPE_CHECKING:
-    from miles_lite.engine.balancer import EngineState
-    from miles_lite.engine.client import EngineClient, EngineClientStatistics
+    from miles_lite.engine.balancer import (
+        EngineState,
+    )
+    from miles_lite.engine.cache_control import (
+        flush_cache,
+        plant_cache_canary,
+        probe_cache_canary,
+    )
+    from miles_lite.engine.client import (
+        EngineClient,
+        EngineClientStatistics,
+    )
     from miles_lite.engine.config import (
         EngineClientConfig,
         EngineConfig,
@@ -28,7 +40,19 @@ if typing.TYPE_CHECKING:
         RouterConfig,
         SmgConfig,
     )
-    from miles_lite.engine.control import AbortReport, EngineAbort, abort_request, abort_requests
+    from miles_lite.engine.control import (
+        AbortReport,
+        ControlReport,
+        EngineAbort,
+        EngineOutcome,
+        abort_request,
+        abort_requests,
+        continue_generation,
+        pause_generation,
+        read_weight_versions,
+        update_weight_version,
+        update_weights_from_disk,
+    )
     from miles_lite.engine.response import (
         BodyAllocator,
         BodyBuffer,
@@ -36,8 +60,14 @@ if typing.TYPE_CHECKING:
         RawResponse,
         allocate_fresh,
     )
-    from miles_lite.engine.router import Router, RouterStatistics
-    from miles_lite.engine.smg import SmgWorker, smg_launch_args
+    from miles_lite.engine.router import (
+        Router,
+        RouterStatistics,
+    )
+    from miles_lite.engine.smg import (
+        SmgWorker,
+        smg_launch_args,
+    )
     from miles_lite.engine.transport import (
         AiohttpTransport,
         AsyncTransport,
@@ -45,14 +75,28 @@ if typing.TYPE_CHECKING:
         MockResponse,
         MockTransport,
     )
+    from miles_lite.engine.versions import (
+        VersionRecord,
+        WeightVersions,
+    )
 
 # Imported when first used: parser workers import the blocking exchange of
 # fetch_in_parser (engine.blocking) and need neither aiohttp nor the router.
 __getattr__, __dir__ = _lazy_exports(
     __name__,
     {
-        "miles_lite.engine.balancer": ["EngineState"],
-        "miles_lite.engine.client": ["EngineClient", "EngineClientStatistics"],
+        "miles_lite.engine.balancer": [
+            "EngineState",
+        ],
+        "miles_lite.engine.cache_control": [
+            "flush_cache",
+            "plant_cache_canary",
+            "probe_cache_canary",
+        ],
+        "miles_lite.engine.client": [
+            "EngineClient",
+            "EngineClientStatistics",
+        ],
         "miles_lite.engine.config": [
             "EngineClientConfig",
             "EngineConfig",
@@ -62,9 +106,16 @@ __getattr__, __dir__ = _lazy_exports(
         ],
         "miles_lite.engine.control": [
             "AbortReport",
+            "ControlReport",
             "EngineAbort",
+            "EngineOutcome",
             "abort_request",
             "abort_requests",
+            "continue_generation",
+            "pause_generation",
+            "read_weight_versions",
+            "update_weight_version",
+            "update_weights_from_disk",
         ],
         "miles_lite.engine.response": [
             "BodyAllocator",
@@ -73,14 +124,24 @@ __getattr__, __dir__ = _lazy_exports(
             "RawResponse",
             "allocate_fresh",
         ],
-        "miles_lite.engine.router": ["Router", "RouterStatistics"],
-        "miles_lite.engine.smg": ["SmgWorker", "smg_launch_args"],
+        "miles_lite.engine.router": [
+            "Router",
+            "RouterStatistics",
+        ],
+        "miles_lite.engine.smg": [
+            "SmgWorker",
+            "smg_launch_args",
+        ],
         "miles_lite.engine.transport": [
             "AiohttpTransport",
             "AsyncTransport",
             "MockFailure",
             "MockResponse",
             "MockTransport",
+        ],
+        "miles_lite.engine.versions": [
+            "VersionRecord",
+            "WeightVersions",
         ],
     },
 )
@@ -91,11 +152,13 @@ __all__ = [
     "AsyncTransport",
     "BodyAllocator",
     "BodyBuffer",
+    "ControlReport",
     "EngineAbort",
     "EngineClient",
     "EngineClientConfig",
     "EngineClientStatistics",
     "EngineConfig",
+    "EngineOutcome",
     "EngineState",
     "FreshBuffer",
     "MockFailure",
@@ -108,8 +171,18 @@ __all__ = [
     "RouterStatistics",
     "SmgConfig",
     "SmgWorker",
+    "VersionRecord",
+    "WeightVersions",
     "abort_request",
     "abort_requests",
     "allocate_fresh",
+    "continue_generation",
+    "flush_cache",
+    "pause_generation",
+    "plant_cache_canary",
+    "probe_cache_canary",
+    "read_weight_versions",
     "smg_launch_args",
+    "update_weight_version",
+    "update_weights_from_disk",
 ]

@@ -1,5 +1,7 @@
-"""Choosing an engine per request: least in flight, sticky keys, a FIFO slot queue, and the
-failure streaks that take an engine out of rotation and let it back in.
+"""Choosing an engine per request: least in flight, sticky keys, a FIFO slot queue, the
+failure streaks that take an engine out of rotation and let it back in, the version gate
+(an engine that missed a weight update serves nothing until it reports the version) and
+the hold (no lease is given while the engines' weights are being updated).
 
 No I/O: :class:`~miles_lite.engine.router.Router` feeds it request outcomes and probe
 results (:mod:`miles_lite.engine.health`) and awaits its slots.
@@ -35,9 +37,12 @@ __all__ = ["Balancer", "EngineSlot", "EngineState", "check_engine_url"]
 class EngineState:
     """One engine as the router sees it (a snapshot).
 
-    ``healthy``: in rotation; ``in_flight``: leases open now; ``consecutive_failures``:
-    failures since the last success; ``leases``: leases given; ``failures``: failures
-    recorded (leases and probes); ``removals`` / ``readmissions``: times it left / rejoined.
+    ``healthy``: its health checks pass; ``in_flight``: leases open now;
+    ``consecutive_failures``: failures since the last success; ``leases``: leases given;
+    ``failures``: failures recorded (leases and probes); ``removals`` / ``readmissions``:
+    times it left / rejoined for its health; ``awaiting_version``: the weight version it
+    must report before it serves again (it missed that update), else None. It is in
+    rotation when healthy and awaiting nothing.
     """
 
     url: str
@@ -48,12 +53,14 @@ class EngineState:
     failures: int
     removals: int
     readmissions: int
+    awaiting_version: str | None = None
 
 
 class EngineSlot:
     """The balancer's record of one engine (mutable; read a snapshot with :meth:`state`)."""
 
     __slots__ = (
+        "awaiting_version",
         "failures",
         "healthy",
         "in_flight",
@@ -78,6 +85,12 @@ class EngineSlot:
         self.failures = 0
         self.removals = 0
         self.readmissions = 0
+        self.awaiting_version: str | None = None
+
+    @property
+    def serving(self) -> bool:
+        """In rotation: healthy, and not waiting to report a weight version."""
+        return self.healthy and self.awaiting_version is None
 
     @property
     def consecutive_failures(self) -> int:
@@ -95,6 +108,7 @@ class EngineSlot:
             failures=self.failures,
             removals=self.removals,
             readmissions=self.readmissions,
+            awaiting_version=self.awaiting_version,
         )
 
 
@@ -128,11 +142,13 @@ class Balancer:
         self.waits = 0
         self.wait_timeouts = 0
         self.closed = False
+        #: While set, no lease is given (a weight update runs); leases wait for it.
+        self.held = False
 
     @property
     def healthy_urls(self) -> tuple[str, ...]:
-        """The URLs of engines in rotation, in the order given."""
-        return tuple(engine.url for engine in self.engines if engine.healthy)
+        """The URLs of engines in rotation (healthy, no version awaited), in order."""
+        return tuple(engine.url for engine in self.engines if engine.serving)
 
     @property
     def capacity(self) -> int:
@@ -153,6 +169,10 @@ class Balancer:
         deadline: float | None = None  # set only while no engine is healthy
         while True:
             check()
+            if self.held:
+                # A weight update runs: bounded by the update's own timeouts.
+                await self._event().wait()
+                continue
             engine = self._pick(key, exclude)
             if engine is not None:
                 return engine
@@ -170,10 +190,16 @@ class Balancer:
             if anyio.current_time() >= deadline and not self.healthy_urls:
                 self.wait_timeouts += 1
                 # Not retryable: it already waited wait_timeout_s for an engine.
+                behind = {e.url: e.awaiting_version for e in self.engines if e.awaiting_version}
+                why = (
+                    f"; out of rotation until they report a weight version: {behind}"
+                    " (update their weights again)"
+                    if behind
+                    else "; check that they are running"
+                )
                 raise EngineUnavailableError(
                     f"no healthy engine among {list(self.urls)} after waiting"
-                    f" {self.config.wait_timeout_s} s (wait_timeout_s); check that they"
-                    " are running"
+                    f" {self.config.wait_timeout_s} s (wait_timeout_s){why}"
                 )
 
     def release(self, engine: EngineSlot, exc: BaseException | None) -> None:
@@ -203,6 +229,32 @@ class Balancer:
             engine.request_failures = 0
             engine.healthy = True
             engine.readmissions += 1
+            self.wake_all()
+
+    def hold(self, held: bool) -> None:
+        """Give no lease while ``held`` (a weight update runs); releasing wakes every
+        waiting lease."""
+        self.held = held
+        if not held:
+            self.wake_all()
+
+    def await_version(self, engine: EngineSlot, version: str) -> None:
+        """Take ``engine`` out of rotation until it reports ``version`` (it missed that
+        update); waiting leases are woken, as when an engine leaves for its health."""
+        engine.awaiting_version = version
+        self.wake_all()
+
+    def record_version(self, engine: EngineSlot, version: str | None) -> bool:
+        """``engine`` reports weight ``version``: back in rotation if that is the one it
+        awaited. Returns whether it awaits nothing now."""
+        if version is not None and version == engine.awaiting_version:
+            self.clear_version(engine)
+        return engine.awaiting_version is None
+
+    def clear_version(self, engine: EngineSlot) -> None:
+        """``engine`` awaits no weight version (it took the current one)."""
+        if engine.awaiting_version is not None:
+            engine.awaiting_version = None
             self.wake_all()
 
     def wake_all(self) -> None:
@@ -271,12 +323,12 @@ class Balancer:
         healthy ones; a sticky key moves off an excluded engine.
         """
         limit = self.config.max_inflight_per_engine
-        others = bool(exclude) and any(e.healthy and e.url not in exclude for e in self.engines)
+        others = bool(exclude) and any(e.serving and e.url not in exclude for e in self.engines)
         avoid = exclude if others else ()
         engine = None
         if key is not None:
             engine = self._sticky.get(key)
-            if engine is not None and (not engine.healthy or engine.url in avoid):
+            if engine is not None and (not engine.serving or engine.url in avoid):
                 engine = None
             if engine is not None and engine.in_flight >= limit:
                 return None
@@ -303,7 +355,7 @@ class Balancer:
             index = (self._next + step) % count
             engine = self.engines[index]
             if (
-                engine.healthy
+                engine.serving
                 and engine.url not in exclude
                 and engine.in_flight < limit
                 and (best is None or engine.in_flight < best.in_flight)

@@ -1,4 +1,5 @@
-"""Stopping what runs at the engines: the one sender of ``/abort_request``.
+"""Controlling what runs at the engines: the one sender of aborts, pauses, weight updates,
+version bumps and cache flushes.
 
 :func:`abort_requests` (early stop): per engine, concurrently, one POST per rid (or one
 ``abort_all``), each with a short timeout and no retry; then ``GET /v1/loads`` is polled
@@ -7,28 +8,70 @@ round (as slime does: requests that arrived in between are caught too), or until
 bound passes. An engine that never answers costs at most the bound, never more, and
 stalls no other. :func:`abort_request` aborts one rid (a request whose caller went away
 or timed out), best effort and bounded.
+
+The weight-update calls (:func:`pause_generation`, :func:`continue_generation`,
+:func:`update_weights_from_disk`, :func:`update_weight_version`,
+:func:`read_weight_versions`, and the prefix-cache calls of
+:mod:`miles_lite.engine.cache_control`, built on the same fan-out) go to every engine at
+once, each bounded in time, one attempt per engine (a control call is not idempotent
+enough to resend blindly; the flush alone is repeated, with backoff, while the engine
+answers that it cannot flush yet). They never raise for an engine's failure:
+a :class:`ControlReport` holds each engine's outcome with its typed error, and
+:meth:`ControlReport.raise_for_failures` raises one
+:class:`~miles_lite.errors.EngineControlError` naming every engine that failed.
+Cancellation propagates.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
 from miles_lite.engine.client import EngineClient
-from miles_lite.errors import EngineError, EngineStatusError, MilesLiteError
+from miles_lite.errors import (
+    EngineControlError,
+    EngineError,
+    EngineStatusError,
+    MilesLiteError,
+)
 from miles_lite.sglang.control import (
     ABORT_PATH,
+    CONTINUE_PATH,
     LOADS_PATH,
+    MODEL_INFO_PATH,
+    PAUSE_PATH,
+    UPDATE_FROM_DISK_PATH,
+    UPDATE_VERSION_PATH,
+    PauseMode,
     abort_all_body,
     abort_body,
     busy_requests,
+    check_status_ok,
+    check_update_answer,
+    model_info_version,
+    pause_body,
+    update_from_disk_body,
+    update_version_body,
 )
 
-__all__ = ["AbortReport", "EngineAbort", "abort_request", "abort_requests"]
+__all__ = [
+    "AbortReport",
+    "ControlReport",
+    "EngineAbort",
+    "EngineOutcome",
+    "abort_request",
+    "abort_requests",
+    "continue_generation",
+    "pause_generation",
+    "read_weight_versions",
+    "update_weight_version",
+    "update_weights_from_disk",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,3 +201,181 @@ async def abort_request(client: EngineClient, url: str, rid: str, *, timeout_s: 
             return False
         return True
     return False
+
+
+# -- weight updates ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutcome:
+    """One engine's part of a control call: ``error`` (typed; None if it took the call),
+    ``elapsed_s``, ``attempts`` (calls sent: more than one only for a flush that had to
+    wait), ``version`` (what ``/model_info`` reported, for version reads) and
+    ``cached_tokens`` (the canary's prompt tokens found cached, for canary probes)."""
+
+    url: str
+    elapsed_s: float
+    error: EngineError | None = None
+    attempts: int = 1
+    version: str | None = None
+    cached_tokens: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the engine took the call."""
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReport:
+    """Every engine's :class:`EngineOutcome` of one control ``action`` (in the order the
+    URLs were given), and the time the whole fan-out took (seconds)."""
+
+    action: str
+    engines: tuple[EngineOutcome, ...]
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether every engine took the call."""
+        return all(e.ok for e in self.engines)
+
+    @property
+    def failed(self) -> tuple[str, ...]:
+        """The URLs of the engines that did not take it."""
+        return tuple(e.url for e in self.engines if not e.ok)
+
+    def outcome(self, url: str) -> EngineOutcome:
+        """The outcome at ``url``; ``KeyError`` if the call did not go there."""
+        for engine in self.engines:
+            if engine.url == url:
+                return engine
+        raise KeyError(f"{self.action} did not go to {url!r}")
+
+    def raise_for_failures(self) -> None:
+        """Raise :class:`~miles_lite.errors.EngineControlError` naming each engine that
+        failed, with its error (``failures``); nothing if all took the call."""
+        failures = {e.url: e.error for e in self.engines if e.error is not None}
+        if failures:
+            raise EngineControlError(
+                f"{self.action} failed at {len(failures)} of {len(self.engines)} engine(s): "
+                + "; ".join(f"{url}: {error}" for url, error in failures.items()),
+                failures=failures,
+            )
+
+
+#: One engine's call: returns the outcome's extra fields; raises an EngineError.
+_Call = Callable[[str], Awaitable[dict[str, Any]]]
+
+
+async def _fan_out(action: str, urls: Sequence[str], call: _Call) -> ControlReport:
+    """``call(url)`` at every engine concurrently; each failure kept with its engine."""
+    started = time.monotonic()
+    outcomes: dict[str, EngineOutcome] = {}
+
+    async def one(url: str) -> None:
+        t0 = time.monotonic()
+        try:
+            extra = await call(url)
+        except EngineError as exc:
+            exc.with_context(url=url)
+            outcomes[url] = EngineOutcome(url, time.monotonic() - t0, exc)
+        else:
+            outcomes[url] = EngineOutcome(url, time.monotonic() - t0, **extra)
+
+    async with anyio.create_task_group() as tg:
+        for url in dict.fromkeys(urls):
+            tg.start_soon(one, url)
+    engines = tuple(outcomes[url] for url in dict.fromkeys(urls))
+    return ControlReport(action, engines, time.monotonic() - started)
+
+
+def _refused(action: str, url: str, why: str | None) -> None:
+    if why is not None:
+        raise EngineControlError(f"{action} {why}", url=url)
+
+
+async def pause_generation(
+    client: EngineClient, urls: Sequence[str], mode: PauseMode, *, timeout_s: float = 10.0
+) -> ControlReport:
+    """``POST /pause_generation`` with ``mode`` at every engine (see :class:`PauseMode`);
+    each call bounded by ``timeout_s``. Requests sent while an engine is paused wait there
+    until it continues."""
+    body = pause_body(mode)
+
+    async def call(url: str) -> dict[str, Any]:
+        answer = await client.post_json(url, PAUSE_PATH, body, timeout_s=timeout_s, retry=False)
+        _refused("pause_generation", url, check_status_ok(answer))
+        return {}
+
+    return await _fan_out(f"pause_generation({PauseMode(mode).value})", urls, call)
+
+
+async def continue_generation(
+    client: EngineClient, urls: Sequence[str], *, timeout_s: float = 10.0
+) -> ControlReport:
+    """``POST /continue_generation`` at every engine, each bounded by ``timeout_s``."""
+
+    async def call(url: str) -> dict[str, Any]:
+        answer = await client.post_json(url, CONTINUE_PATH, {}, timeout_s=timeout_s, retry=False)
+        _refused("continue_generation", url, check_status_ok(answer))
+        return {}
+
+    return await _fan_out("continue_generation", urls, call)
+
+
+async def update_weights_from_disk(
+    client: EngineClient,
+    urls: Sequence[str],
+    model_path: str,
+    *,
+    version: str | None,
+    timeout_s: float = 300.0,
+) -> ControlReport:
+    """``POST /update_weights_from_disk`` at every engine: load ``model_path`` (a folder
+    the engine can read) and report ``version`` from now on; never aborts, never flushes
+    (:func:`flush_cache` does, where the pause mode allows). Each call bounded by
+    ``timeout_s`` (loading takes as long as the checkpoint)."""
+    body = update_from_disk_body(model_path, version)
+
+    async def call(url: str) -> dict[str, Any]:
+        answer = await client.post_json(
+            url, UPDATE_FROM_DISK_PATH, body, timeout_s=timeout_s, retry=False
+        )
+        _refused("update_weights_from_disk", url, check_update_answer(answer))
+        return {}
+
+    return await _fan_out("update_weights_from_disk", urls, call)
+
+
+async def update_weight_version(
+    client: EngineClient, urls: Sequence[str], version: str, *, timeout_s: float = 10.0
+) -> ControlReport:
+    """``POST /update_weight_version`` at every engine, never aborting a request (the
+    endpoint's default aborts them all); each call bounded by ``timeout_s``."""
+    body = update_version_body(version)
+
+    async def call(url: str) -> dict[str, Any]:
+        answer = await client.post_json(
+            url, UPDATE_VERSION_PATH, body, timeout_s=timeout_s, retry=False
+        )
+        _refused("update_weight_version", url, check_update_answer(answer))
+        return {}
+
+    return await _fan_out("update_weight_version", urls, call)
+
+
+async def read_weight_versions(
+    client: EngineClient, urls: Sequence[str], *, timeout_s: float = 10.0
+) -> ControlReport:
+    """Every engine's ``weight_version`` (``GET /model_info``) in its outcome's
+    ``version``; an answer naming no version is an error for that engine."""
+
+    async def call(url: str) -> dict[str, Any]:
+        info = await client.get_json(url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False)
+        version = model_info_version(info)
+        if version is None:
+            raise EngineControlError(f"/model_info names no weight_version: {info!r:.200}")
+        return {"version": version}
+
+    return await _fan_out("read_weight_versions", urls, call)

@@ -7,6 +7,10 @@ rotation. Unlike it, removed engines keep being probed and are re-admitted once 
 comes back by itself). A passing probe does not clear request failures: an engine whose
 ``/health`` answers while its generations time out still leaves the rotation, and is let
 back only after the cool-down, so it cannot flap in and out every probe round.
+
+An engine that missed a weight update (it awaits a version) is also asked its
+``/model_info`` each round, once its ``/health`` passes: it rejoins the rotation when it
+reports the version (its weights were updated after all, or again).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from miles_lite.engine.balancer import Balancer, EngineSlot
+from miles_lite.errors import EngineError
+from miles_lite.sglang.control import MODEL_INFO_PATH, model_info_version
 
 if TYPE_CHECKING:
     from miles_lite.engine.client import EngineClient
@@ -47,3 +53,21 @@ class HealthMonitor:
         with anyio.move_on_after(timeout_s):
             ok = await self._client.health(engine.url, timeout_s=timeout_s)
         self._balancer.record_probe(engine, ok)
+        if ok and engine.awaiting_version is not None:
+            await self.probe_version(engine)
+
+    async def probe_version(self, engine: EngineSlot) -> str | None:
+        """Ask ``engine`` its weight version (``/model_info``, one bounded attempt) and
+        tell the balancer; the version, or None when it did not say."""
+        timeout_s = self._balancer.config.health_timeout_s
+        version = None
+        with anyio.move_on_after(timeout_s):
+            try:
+                info = await self._client.get_json(
+                    engine.url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False
+                )
+            except EngineError:
+                info = None
+            version = model_info_version(info)
+        self._balancer.record_version(engine, version)
+        return version

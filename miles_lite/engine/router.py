@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, nullcontext
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +27,7 @@ from miles_lite.engine.config import RetryPolicy, RouterConfig
 from miles_lite.engine.control import abort_request
 from miles_lite.engine.health import HealthMonitor
 from miles_lite.engine.smg import SmgFront, SmgWorker, sticky
+from miles_lite.engine.versions import WeightVersions
 from miles_lite.errors import EngineUnavailableError
 
 if TYPE_CHECKING:
@@ -93,6 +94,9 @@ class Router(AsyncResource):
         self._health = HealthMonitor(self._balancer, client)
         self._random = random.Random()
         self._stack: AsyncExitStack | None = None
+        #: The weight versions the engines were updated to (see
+        #: :class:`~miles_lite.engine.versions.WeightVersions`).
+        self.versions = WeightVersions()
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -104,8 +108,9 @@ class Router(AsyncResource):
 
     @property
     def healthy_urls(self) -> tuple[str, ...]:
-        """The URLs of engines in rotation, in the order given; through SGLang's router,
-        those it reports healthy."""
+        """The URLs of engines in rotation (healthy, and not awaiting a weight version
+        they missed), in the order given; through SGLang's router, those it reports
+        healthy."""
         if self._front is not None:
             return self._front.healthy_urls
         return self._balancer.healthy_urls
@@ -170,12 +175,7 @@ class Router(AsyncResource):
 
     def in_flight(self, url: str) -> int:
         """Leases open now on ``url``; ``KeyError`` if the router does not know it."""
-        try:
-            return self._balancer.by_url[url].in_flight
-        except KeyError:
-            raise KeyError(
-                f"{url!r} is not one of the router's engines {list(self._balancer.urls)}"
-            ) from None
+        return self._engine(url).in_flight
 
     def statistics(self) -> RouterStatistics:
         """A snapshot of every engine's state and of the lease waits."""
@@ -239,6 +239,60 @@ class Router(AsyncResource):
                 ", ".join(u for u in self.urls if u in ready),
             )
         return tuple(u for u in self.urls if u in ready)
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Give no lease for the duration of the block (a weight update runs): requests
+        wait in the router, not at paused engines, and leave with the new version's cache
+        key. Leases already given are not affected. Not reentrant."""
+        if self._balancer.held:
+            raise RuntimeError("router.holding() is already in effect (one update at a time)")
+        self._balancer.hold(True)
+        try:
+            yield
+        finally:
+            self._balancer.hold(False)
+
+    def reported_version(self, url: str, version: str | None) -> bool:
+        """The engine at ``url`` reports weight ``version``: it serves again if that is the
+        current version (:attr:`versions`); otherwise it awaits the current one. Returns
+        whether it is clear of the version gate. ``KeyError`` for an unknown URL."""
+        engine = self._engine(url)
+        current = self.versions.current
+        if current is None or version == current:
+            self._balancer.clear_version(engine)
+            return True
+        self._balancer.await_version(engine, current)
+        return False
+
+    def await_version(self, url: str, version: str) -> None:
+        """Take the engine at ``url`` out of rotation until it reports weight ``version``
+        (it missed that update): each health round then asks its ``/model_info``, and
+        :meth:`check_versions` does at once. ``KeyError`` for an unknown URL."""
+        self._balancer.await_version(self._engine(url), version)
+
+    async def check_versions(self) -> dict[str, str | None]:
+        """Ask every engine that awaits a weight version for its version now (one bounded
+        ``/model_info`` each, concurrently); those reporting the awaited one rejoin the
+        rotation. Returns what each reported (None: no answer, or no version)."""
+        waiting = [e for e in self._balancer.engines if e.awaiting_version is not None]
+        found: dict[str, str | None] = {}
+
+        async def ask(engine: EngineSlot) -> None:
+            found[engine.url] = await self._health.probe_version(engine)
+
+        async with anyio.create_task_group() as tg:
+            for engine in waiting:
+                tg.start_soon(ask, engine)
+        return found
+
+    def _engine(self, url: str) -> EngineSlot:
+        try:
+            return self._balancer.by_url[url]
+        except KeyError:
+            raise KeyError(
+                f"{url!r} is not one of the router's engines {list(self._balancer.urls)}"
+            ) from None
 
     def forget(self, key: str) -> None:
         """Drop the engine remembered for sticky ``key`` (e.g. when a session ends)."""

@@ -5,10 +5,12 @@ engines' (:class:`~miles_lite.engine.EngineConfig`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from miles_lite._core.validate import check_int, check_seconds
+from miles_lite._core.validate import check_choice, check_int, check_seconds, check_type
 from miles_lite.errors import ConfigError
+from miles_lite.rollout.staleness import StalenessPolicy
+from miles_lite.rollout.weights import WeightUpdateConfig
 
 __all__ = ["RolloutConfig"]
 
@@ -29,7 +31,14 @@ class RolloutConfig:
     - ``rollout_batch_size``: groups to keep (miles' name); the rollout stops once that
       many passed the filters (``None``: every prompt given); ``over_sampling_batch_size``:
       groups started at a time while more are needed (default: ``rollout_batch_size``);
-    - ``stop_timeout_s``: bound on an early stop (aborting in-flight work), in seconds.
+    - ``stop_timeout_s``: bound on an early stop (aborting in-flight work), in seconds;
+    - ``weight_update``: how ``update_weights`` pauses, pushes and flushes
+      (:class:`~miles_lite.rollout.weights.WeightUpdateConfig`);
+    - ``max_staleness``: the most weight updates a kept group's oldest token may lag
+      behind the current version when it is handed over (``None``: no bound; 0: only
+      groups made entirely by the current weights); ``staleness_policy``: what becomes
+      of a group lagging more (:class:`~miles_lite.rollout.staleness.StalenessPolicy`:
+      ``drop`` it, or ``resume`` it under the current version).
     """
 
     n_samples_per_prompt: int = 4
@@ -41,6 +50,9 @@ class RolloutConfig:
     rollout_batch_size: int | None = None
     over_sampling_batch_size: int | None = None
     stop_timeout_s: float = 10.0
+    weight_update: WeightUpdateConfig = field(default_factory=WeightUpdateConfig)
+    max_staleness: int | None = None
+    staleness_policy: StalenessPolicy = StalenessPolicy.DROP
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -57,6 +69,9 @@ class RolloutConfig:
                 f" ({target})"
             )
         check_seconds(owner, "stop_timeout_s", self.stop_timeout_s)
+        check_type(owner, "weight_update", self.weight_update, WeightUpdateConfig)
+        check_int(owner, "max_staleness", self.max_staleness, minimum=0, optional=True)
+        check_choice(owner, "staleness_policy", self.staleness_policy, tuple(StalenessPolicy))
         for name in ("reward", "group_reward"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

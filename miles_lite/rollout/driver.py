@@ -19,15 +19,22 @@ does not stall it. Groups started but not finished are returned as ``partial``.
 Every ``run`` has its own :class:`~miles_lite.rollout.context.RunContext` (rollout id,
 stop signal, requests in flight), so runs may overlap on one driver: an early stop of
 one aborts only its own requests.
+
+:class:`~miles_lite.rollout.hooks.RunHooks` let a consumer of kept groups (a trainer streaming them,
+:mod:`miles_lite.rollout.stream`) take part in one run: it admits each group start
+(backpressure), hears of each group's end, holds the run open while it still has kept
+groups to judge, and, through a :class:`~miles_lite.rollout.hooks.RunHandle`, wakes the scheduler, refuses a kept
+group (dropped, or started again) or asks for the early stop.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, ExitStack
-from typing import Any, Protocol
+from collections import deque
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -35,6 +42,8 @@ import anyio.lowlevel
 from miles_lite.errors import GenerateError, MilesLiteError
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.filters import GroupFilter, apply_filters
+from miles_lite.rollout.hooks import RunHooks
+from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.spans import RunTimes, UnitSpan, span_metrics
@@ -44,40 +53,11 @@ __all__ = ["Driver", "RolloutKind"]
 
 #: Groups started per loop step (see _Run._schedule).
 _START_CHUNK = 8
+#: What the scheduler's inbox carries besides the index of a finished group.
+_WAKE = -1
+_STOP = -2
 #: Statuses of a sample that needs no more generation.
 _DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
-
-
-#: Given the kept samples and the rollout time (seconds), a kind's metrics of one run.
-KindMetrics = Callable[[list[Sample], float], dict[str, float]]
-
-
-class RolloutKind(Protocol):
-    """What a kind of rollout gives the driver."""
-
-    #: After ``abort``, wait (bounded) for in-flight units to come back with partial
-    #: output (text) instead of cancelling them at once (diffusion: engines cannot abort).
-    drain_on_stop: bool
-
-    def units(self, group: list[Sample]) -> list[list[Sample]]:
-        """Cut a group into units of work (each sent by one generate call)."""
-        ...
-
-    async def generate(self, unit: list[Sample], span: UnitSpan, run: RunContext) -> list[Sample]:
-        """Generate one unit in ``run``; return its samples (may be more than given). May
-        raise."""
-        ...
-
-    async def abort(self, run: RunContext, *, alone: bool) -> dict[str, float]:
-        """Stop ``run``'s in-flight work at the engines (early stop; ``alone``: no other
-        run is in flight on this driver); return metrics of the abort. Bounded by the
-        driver."""
-        ...
-
-    def measure(self) -> AbstractContextManager[KindMetrics]:
-        """A window over one run (its pools' statistics); yields the function giving the
-        kind's metrics of the run."""
-        ...
 
 
 class Driver:
@@ -120,15 +100,19 @@ class Driver:
         target: int | None = None,
         batch_size: int | None = None,
         rollout_id: int = 0,
+        hooks: RunHooks | None = None,
     ) -> RolloutResult:
         """Run ``groups`` until ``target`` are kept (default: all of them) and return them.
 
         ``batch_size``: groups started at a time while more are needed (default:
         ``target``). Failures of units, rewards and filters do not raise: their samples
         come back FAILED with a typed error. Cancelling ``run`` aborts the in-flight work
-        at the engines (shielded, bounded) and propagates.
+        at the engines (shielded, bounded) and propagates. ``hooks``: a consumer of the
+        kept groups taking part in the run (see :class:`~miles_lite.rollout.hooks.RunHooks`).
         """
-        run = _Run(self, groups, RunContext(rollout_id), target=target, batch_size=batch_size)
+        run = _Run(
+            self, groups, RunContext(rollout_id), target=target, batch_size=batch_size, hooks=hooks
+        )
         self.runs.add(run.context)
         try:
             return await run.execute()
@@ -147,6 +131,7 @@ class _Run:
         *,
         target: int | None,
         batch_size: int | None,
+        hooks: RunHooks | None = None,
     ) -> None:
         self.driver = driver
         self.kind = driver.kind
@@ -172,8 +157,12 @@ class _Run:
         self.bar: Any = None
         self.stop_time: float | None = None
         self.stop_start: float | None = None
-        self.started = 0
         self.start_time = self.end_time = 0.0
+        self.started = 0  # the next group never started yet
+        self.active = 0  # groups started and not finished
+        self.hooks = hooks
+        self.restarts: deque[int] = deque()  # refused groups to start again
+        self.over = False  # the result is made: refusals change nothing
 
     async def execute(self) -> RolloutResult:
         t0 = self.start_time = time.monotonic()
@@ -188,12 +177,15 @@ class _Run:
             try:
                 async with anyio.create_task_group() as tg:
                     try:
+                        if self.hooks is not None:
+                            self.hooks.attach(self)
                         await self._schedule(tg)
                     finally:
-                        if not self.stopping.is_set() and self.started > len(self.finished):
+                        if not self.stopping.is_set() and self.active:
                             # Cancelled from outside: still stop the engines' work.
                             await self._stop(tg)
             finally:
+                self.over = True
                 self.done_send.close()
                 self.done_receive.close()
                 if self.bar is not None:
@@ -204,36 +196,101 @@ class _Run:
         return self._result(self.context.rollout_id, metrics)
 
     async def _schedule(self, tg: Any) -> None:
-        n = len(self.groups)
-        active = 0
         while True:
-            while self.started < n and active < self.target - len(self.kept) and self._fits():
-                for i in range(min(self.batch_size, n - self.started)):
-                    if not self._fits():
+            while (
+                self._startable()
+                and self.active < self.target - len(self.kept)
+                and self._fits()
+                and self._admits()
+            ):
+                for i in range(min(self.batch_size, self._startable())):
+                    if not (self._startable() and self._fits() and self._admits()):
                         break
                     if i and i % _START_CHUNK == 0:
                         # Let the groups just started take their first steps (and the
                         # loop its other work) before starting more: hundreds of first
                         # steps in one loop iteration stall it for a quarter second.
                         await anyio.lowlevel.checkpoint()
-                    size = self.started_sizes[self.started] = len(self.groups[self.started])
-                    self.started_samples += size
-                    tg.start_soon(self._run_group, self.started)
-                    self.started += 1
-                    active += 1
-            if active == 0:
+                    self._start(tg)
+            if self.active == 0 and not (self.hooks is not None and self.hooks.holding()):
                 return
-            self.started_samples -= self.started_sizes.pop(await self.done_receive.receive())
-            active -= 1
-            if len(self.kept) >= self.target:
-                if active:
+            token = await self.done_receive.receive()
+            if token == _WAKE:
+                continue
+            if token == _STOP:
+                if self.active:
                     await self._stop(tg)
                 return
+            self.started_samples -= self.started_sizes.pop(token)
+            self.active -= 1
+            if len(self.kept) >= self.target:
+                if self.active:
+                    await self._stop(tg)
+                    return
+                if not (self.hooks is not None and self.hooks.holding()):
+                    return
+                # Nothing runs, but kept groups may still be refused (and started again).
+
+    def _startable(self) -> int:
+        """Groups that may start: refused ones to start again (once their first run's end
+        was counted), then groups never started."""
+        ready = sum(i not in self.started_sizes for i in self.restarts)
+        return ready + len(self.groups) - self.started
+
+    def _next(self) -> int:
+        for index in self.restarts:
+            if index not in self.started_sizes:
+                self.restarts.remove(index)
+                return index
+        self.started += 1
+        return self.started - 1
+
+    def _start(self, tg: Any) -> None:
+        index = self._next()
+        size = self.started_sizes[index] = len(self.groups[index])
+        self.started_samples += size
+        self.active += 1
+        if self.hooks is not None:
+            self.hooks.started(index)
+        tg.start_soon(self._run_group, index)
 
     def _fits(self) -> bool:
         """Whether the next group may start under ``max_started_samples``."""
-        size = len(self.groups[self.started])
+        ready = [i for i in self.restarts if i not in self.started_sizes]
+        size = len(self.groups[ready[0] if ready else self.started])
         return not self.started_sizes or self.started_samples + size <= self.max_started
+
+    def _admits(self) -> bool:
+        return self.hooks is None or self.hooks.admits()
+
+    # -- RunHandle: what the hooks may do -----------------------------------------------
+
+    def _send(self, token: int) -> None:
+        if not self.over:
+            self.done_send.send_nowait(token)
+
+    def wake(self) -> None:
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.wake`."""
+        self._send(_WAKE)
+
+    def stop(self) -> None:
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.stop`."""
+        self._send(_STOP)
+
+    def refuse(self, index: int, restart: list[Sample] | None, reason: str) -> bool:
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.refuse`."""
+        if self.over or index not in self.kept:
+            return False
+        self.kept.remove(index)
+        if restart is None:
+            self.filtered.append((index, reason))
+        else:
+            self.finished.discard(index)
+            self.groups[index] = restart
+            self.outputs.pop(index, None)
+            self.restarts.append(index)
+        self._send(_WAKE)
+        return True
 
     async def _stop(self, tg: Any) -> None:
         """Early stop: nothing new is sent, in-flight work is aborted, the rest cancelled."""
@@ -276,6 +333,9 @@ class _Run:
             self.filtered.append((index, verdict.reason or "filtered"))
         self.finished.add(index)
         self.done_send.send_nowait(index)
+        if self.hooks is not None:
+            # After the end is queued: a refusal it makes is seen by the scheduler after.
+            self.hooks.finished(index, whole, verdict.keep)
 
     async def _run_unit(
         self, unit: list[Sample], span: UnitSpan, outputs: list[list[Sample]], slot: int

@@ -1,6 +1,7 @@
 """A rollout composed: the driver (scheduling, early stop), the scorer (rewards), the
 filters, and a kind (units, generate, abort, metrics); ``run`` numbers the prompts'
-groups and hands them to the driver.
+groups and hands them to the driver, ``stream`` hands its kept groups to a trainer as
+they finish, ``update_weights`` moves the engines to a new policy version.
 
 :class:`~miles_lite.DiffusionRollout` and :class:`~miles_lite.TextRollout` are built on
 it: each brings its kind and its typed context, and an ``open`` that makes the parts.
@@ -10,19 +11,31 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from miles_lite.engine.router import Router
+from miles_lite.errors import ConfigError
 from miles_lite.pools.arena import Arena
 from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool, RewardPoolLike
 from miles_lite.rollout.config import RolloutConfig
-from miles_lite.rollout.driver import Driver, RolloutKind
+from miles_lite.rollout.driver import Driver
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.groups import GroupSpec, make_groups
+from miles_lite.rollout.kind import RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.scoring import Scorer
+from miles_lite.rollout.staleness import (
+    StalenessPolicy,
+    group_lag,
+    reset_stale_samples,
+    staleness_metrics,
+)
 from miles_lite.rollout.startup import startup_step
+from miles_lite.rollout.stream import GroupStream
+from miles_lite.rollout.weights import WeightUpdateReport, update_weights
 
 __all__ = ["Rollout", "open_reward_pools"]
 
@@ -32,11 +45,11 @@ _log = logging.getLogger(__name__)
 class Rollout:
     """The parts of a rollout and ``run``: see the module docstring.
 
-    ``rewards``: reward pools by kind; ``dynamic_filter``: one filter or a list;
+    ``router``: the engines (each result names them, so a trace shows idle engines
+    too); ``rewards``: reward pools by kind; ``dynamic_filter``: one filter or a list;
     ``progress``: a progress bar in samples; ``max_started_samples``: the driver's bound
-    on samples of groups started and not done; ``engines``: the engines' URLs (given to
-    each result, so a trace shows idle engines too). Raises ``ConfigError`` when a reward
-    kind of the config has no pool.
+    on samples of groups started and not done. Raises ``ConfigError`` when a reward kind
+    of the config has no pool.
     """
 
     #: Whether prompts may be chat ``messages`` lists (text) or only strings (diffusion).
@@ -46,15 +59,15 @@ class Rollout:
         self,
         *,
         config: RolloutConfig,
+        router: Router,
         kind: RolloutKind,
         rewards: Mapping[str, RewardPoolLike] | None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None,
         progress: bool,
         max_started_samples: int,
-        engines: Sequence[str] = (),
     ) -> None:
         self.config = config
-        self.engines = tuple(engines)
+        self.router = router
         self.kind = kind
         self.scorer = Scorer(rewards or {}, reward=config.reward, group_reward=config.group_reward)
         filters = [] if dynamic_filter is None else dynamic_filter
@@ -102,6 +115,11 @@ class Rollout:
         names the index). An empty list gives an empty result, logged, with
         ``rollout/prompts`` 0. Cancelling ``run`` stops the engines' work for it.
         Runs may overlap on one rollout: each has its own stop signal and requests.
+
+        With ``max_staleness``, a kept group whose oldest token lags more weight updates
+        than that when the run ends (the weights moved on during it) is not returned in
+        ``groups``: dropped into ``filtered`` (reason ``stale``), or reset and returned in
+        ``partial`` (policy ``resume``).
         """
         if rollout_id is None:
             rollout_id = next(self._rollout_ids)
@@ -115,7 +133,106 @@ class Rollout:
             rollout_id=rollout_id,
         )
         result.metrics["rollout/prompts"] = float(len(groups))
-        result.engines = self.engines
+        result.engines = self.router.urls
+        return self._bound_staleness(result)
+
+    def stream(
+        self,
+        prompts: Sequence[GroupSpec],
+        *,
+        max_ahead: int | None = None,
+        rollout_id: int | None = None,
+    ) -> GroupStream:
+        """Stream the kept groups of one run to the trainer as they finish.
+
+        Usage::
+
+            async with rollout.stream(prompts, max_ahead=16) as groups:
+                async for group in groups:
+                    ...
+            groups.result.partial   # for the next call
+
+        ``max_ahead``: groups started and not yet taken by the trainer, at most (default:
+        twice ``over_sampling_batch_size`` or ``rollout_batch_size`` when set, else every
+        prompt): when the trainer is slow, no more groups start. As :meth:`run`
+        otherwise: ``rollout_batch_size`` stops the run once that many were kept (an early
+        stop), partial groups come back in ``result.partial``, a group lagging more than
+        ``max_staleness`` when the trainer takes it is dropped or started again. Leaving
+        the block early stops the run as an early stop does. See
+        :mod:`miles_lite.rollout.stream`.
+        """
+        if rollout_id is None:
+            rollout_id = next(self._rollout_ids)
+        config = self.config
+        if max_ahead is None:
+            batch = config.over_sampling_batch_size or config.rollout_batch_size
+            max_ahead = 2 * batch if batch else max(1, len(prompts))
+        if isinstance(max_ahead, bool) or not isinstance(max_ahead, int) or max_ahead < 1:
+            raise ConfigError(f"max_ahead must be an int >= 1 (groups), got {max_ahead!r}")
+        return GroupStream(
+            self.driver,
+            self.make_groups(prompts, rollout_id),
+            versions=self.router.versions,
+            max_ahead=max_ahead,
+            target=config.rollout_batch_size,
+            batch_size=config.over_sampling_batch_size,
+            rollout_id=rollout_id,
+            max_staleness=config.max_staleness,
+            policy=StalenessPolicy(config.staleness_policy),
+        )
+
+    async def update_weights(
+        self,
+        model_path: str | os.PathLike[str] | None,
+        *,
+        version: str | int,
+        check: bool = True,
+    ) -> WeightUpdateReport:
+        """Move every engine to the weights in ``model_path`` (a ``save_pretrained``
+        folder the engines can read) reported as ``version``; ``None``: the trainer pushed
+        the weights itself, only the version is bumped.
+
+        Pause (``config.weight_update.mode``, ``retract`` by default), push, flush where
+        the mode allows, record the version, continue: requests in flight survive it and
+        their samples record which tokens each version made
+        (:attr:`Sample.weight_spans <miles_lite.types.Sample.weight_spans>`). Call it
+        between training steps or while a rollout runs. An engine that does not take it
+        leaves the rotation until it reports the version; ``check`` raises
+        :class:`~miles_lite.errors.EngineControlError` naming it (after the others were
+        updated and every engine continued). See :mod:`miles_lite.rollout.weights`.
+        """
+        return await update_weights(
+            self.router,
+            model_path,
+            version=version,
+            config=self.config.weight_update,
+            check=check,
+        )
+
+    def _bound_staleness(self, result: RolloutResult) -> RolloutResult:
+        """Refuse the kept groups lagging more than ``max_staleness`` (see :meth:`run`)."""
+        limit = self.config.max_staleness
+        versions = self.router.versions
+        dropped = resumed = samples = 0
+        if limit is not None:
+            kept = []
+            for group in result.groups:
+                lag = group_lag(group, versions)
+                if lag is None or lag <= limit:
+                    kept.append(group)
+                elif StalenessPolicy(self.config.staleness_policy) is StalenessPolicy.DROP:
+                    result.filtered.append(group)
+                    result.filter_reasons.append("stale")
+                    dropped += 1
+                else:
+                    samples += reset_stale_samples(group, versions, limit)
+                    result.partial.append(group)
+                    resumed += 1
+            result.groups = kept
+            result.metrics["rollout/staleness_dropped_groups"] = float(dropped)
+            result.metrics["rollout/staleness_resumed_groups"] = float(resumed)
+            result.metrics["rollout/staleness_resumed_samples"] = float(samples)
+        result.metrics.update(staleness_metrics(result.groups, versions))
         return result
 
 

@@ -6,6 +6,7 @@ into turn records, ``/rollout/generate`` requests and items, the control endpoin
 """
 
 from miles_lite.sglang.chat_wire import TurnRecord, record_from_choice
+from miles_lite.sglang.control import PauseMode
 from miles_lite.sglang.generate_wire import (
     GenerateAnswer,
     build_generate_payload,
@@ -25,6 +26,7 @@ __all__ = [
     "CHAT_NAMES",
     "SAMPLING_KEYS",
     "GenerateAnswer",
+    "PauseMode",
     "TextSamplingParams",
     "TurnRecord",
     "build_generate_payload",

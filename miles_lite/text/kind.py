@@ -11,7 +11,7 @@ from typing import Any
 from miles_lite.engine.control import abort_requests
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import AbortResult, GenerateFn, GenerateFnInput
-from miles_lite.rollout.driver import KindMetrics
+from miles_lite.rollout.kind import KindMetrics
 from miles_lite.rollout.spans import UnitSpan
 from miles_lite.text.config import TextRolloutConfig
 from miles_lite.text.context import TextContext

@@ -10,6 +10,7 @@ the engine's ``meta_info.output_token_logprobs``, never from re-tokenized text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from miles_lite.errors import EngineTimeoutError
@@ -17,7 +18,7 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.spans import UnitSpan
 from miles_lite.sglang.generate_wire import GENERATE_PATH, GenerateAnswer, parse_generate_answer
 from miles_lite.text.context import TextContext
-from miles_lite.types import Sample, WeightSpan
+from miles_lite.types import Sample
 
 __all__ = ["append_env_tokens", "apply_answer", "post_generate"]
 
@@ -38,13 +39,17 @@ async def post_generate(
     The rid counts as in flight in ``run`` (at the engine that got it, so an early stop
     aborts it there); only what never reached an engine, or a 502/503/504, is sent again,
     to another engine. A request that timed out is aborted at its engine (it may still be
-    generating). Raises the engine client's typed errors (an engine 400 as
-    ``EngineStatusError`` with SGLang's message) and ``EngineProtocolError`` for an answer
-    that breaks the format.
+    generating). Once the engines were updated, the request carries the current version's
+    cache key (``extra_key``), and tokens it made on KV from before an update are marked
+    (:attr:`WeightSpan.kv_version <miles_lite.types.WeightSpan.kv_version>`). Raises the
+    engine client's typed errors (an engine 400 as ``EngineStatusError`` with SGLang's
+    message) and ``EngineProtocolError`` for an answer that breaks the format.
     """
     rid = payload["rid"]
     client = ctx.router.client
+    versions = ctx.router.versions
     sent: list[str] = []
+    sent_under: list[str | None] = [None]
 
     async def attempt(url: str) -> Any:
         # Checked after the slot is taken: a request still waiting at the stop is never
@@ -53,6 +58,12 @@ async def post_generate(
             raise _Stopped
         run.in_flight.sent_to(rid, url)
         sent.append(url)
+        # Read at send time: a request held while the weights were updated goes out with
+        # the new version's cache key, so it never reuses KV computed before the update.
+        sent_under[:] = [versions.current]
+        cache_key = versions.cache_key()
+        if cache_key is not None:
+            payload["extra_key"] = cache_key
         if span is not None:
             span.engine = url
             span.requests += 1
@@ -70,7 +81,15 @@ async def post_generate(
                 # connection: stop the generation there.
                 await ctx.router.abort_request(sent[-1], rid, timeout_s=_TIMEOUT_ABORT_S)
             raise
-    return parse_generate_answer(answer, rid=rid, url=sent[-1], vocab_size=ctx.vocab_size)
+    parsed = parse_generate_answer(answer, rid=rid, url=sent[-1], vocab_size=ctx.vocab_size)
+    if versions.current is not None and parsed.weight_spans:
+        # Across a weight update (or sent just before one): mark tokens made on older KV.
+        marked = versions.mark_kv(
+            parsed.weight_spans, sent_under=sent_under[0], cached_tokens=parsed.cached_tokens
+        )
+        if marked != parsed.weight_spans:
+            parsed = replace(parsed, weight_spans=marked)
+    return parsed
 
 
 def apply_answer(sample: Sample, answer: GenerateAnswer) -> None:
@@ -90,7 +109,7 @@ def apply_answer(sample: Sample, answer: GenerateAnswer) -> None:
     if answer.weight_spans:
         sample.weight_versions.append(answer.weight_spans[-1].version)
         sample.weight_spans.extend(
-            WeightSpan(s.version, s.start + offset, s.end + offset) for s in answer.weight_spans
+            replace(s, start=s.start + offset, end=s.end + offset) for s in answer.weight_spans
         )
     sample.request_id = answer.rid
     sample.status = answer.status

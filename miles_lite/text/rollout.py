@@ -74,12 +74,12 @@ class TextRollout(Rollout):
         self.generate = generate or single_turn
         super().__init__(
             config=config,
+            router=router,
             kind=TextKind(config, self.context, self.generate, dict(generate_options or {})),
             rewards=rewards,
             dynamic_filter=dynamic_filter,
             progress=progress,
             max_started_samples=2 * router.capacity,
-            engines=router.urls,
         )
 
     @classmethod

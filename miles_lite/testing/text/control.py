@@ -6,6 +6,13 @@ LoadSnapshot keys, ``?include=``), ``POST /update_weight_version``,
 ``in_place``), ``/continue_generation``, ``/flush_cache``, ``GET /health``,
 ``/health_generate`` (503 during warm-up), ``/model_info``, ``/server_info``,
 ``/v1/models``; and the stand-in's own ``GET /_stand_in/stats`` (its statistics as JSON).
+
+The weight-update traps of SGLang 0.5.23 are kept: ``/update_weight_version`` aborts every
+request unless ``abort_all_requests`` is false; ``/update_weights_from_disk`` flushes the
+cache by default, and when it cannot (requests running, or held ``in_place``) it answers
+400 *after* the weights (and the tokens' version) changed, while ``/model_info`` keeps
+the old version; ``/flush_cache`` answers 400 ``Flush cache failed.`` while requests run.
+With the tiny model, the update loads the folder's weights (:meth:`TinyModel.load`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from aiohttp import web
 
 from miles_lite.testing.text.config import SGLANG_VERSION
@@ -115,15 +124,17 @@ class ControlEndpoints:
         new = body.get("new_version") if isinstance(body, dict) else None
         if not isinstance(body, dict) or not isinstance(new, str):
             return error_response(400, "new_version must be a string")
-        if body.get("abort_all_requests", False):
+        if body.get("abort_all_requests", True):
             self.scheduler.abort(abort_all=True)
-        self.state.weight_version = new
+        self.state.weight_version = self.state.info_version = new
         return web.json_response(
             {"success": True, "message": f"Weight version updated to {new}", "new_version": new}
         )
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        """``POST /update_weights_from_disk``: nothing loads; ``weight_version`` is set."""
+        """``POST /update_weights_from_disk``: the tiny model loads ``model_path`` (the
+        scripted policy has nothing to load); ``weight_version`` is set; the cache is
+        flushed unless ``flush_cache`` is false (see the module docstring)."""
         body = await _body(request)
         if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
             return error_response(
@@ -132,11 +143,43 @@ class ControlEndpoints:
         new = body.get("weight_version")
         if new is not None and not isinstance(new, str):
             return error_response(400, "weight_version must be a string")
+        for key in ("flush_cache", "abort_all_requests"):
+            if not isinstance(body.get(key, False), bool):
+                return error_response(400, f"{key} must be a boolean")
+        state = self.state
+        if body.get("abort_all_requests", False):
+            self.scheduler.abort(abort_all=True)
+        model = state.model
+        if model is not None:
+            try:
+                module = await anyio.to_thread.run_sync(model.load, body["model_path"])
+            except (OSError, ValueError) as exc:
+                return _update_answer(False, f"Failed to update weights: {exc}")
+            model.model = module
+            state.stats.weight_loads += 1
         message = "Succeeded to update model weights."
         if new is not None:
-            self.state.weight_version = new
+            state.weight_version = new  # the scheduler's: every token made from now on
+        if body.get("flush_cache", True) and not self._flush():
+            return _update_answer(
+                False,
+                "Weights were updated, but the cache was not flushed because requests are"
+                " still running or queued. Retract or finish them, then call /flush_cache.",
+            )
+        if new is not None:
+            state.info_version = new
             message += f" Weight version updated to {new}."
-        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+        return _update_answer(True, message)
+
+    def _flush(self) -> bool:
+        """Flush the prefix cache if nothing runs (or a retract pause holds it)."""
+        if not self.scheduler.can_flush():
+            self.state.stats.flush_refusals += 1
+            return False
+        self.state.cache.clear()
+        self.scheduler.flushed()
+        self.state.stats.flushes += 1
+        return True
 
     async def pause(self, request: web.Request) -> web.Response:
         """``POST /pause_generation`` with ``{"mode": ...}`` (default ``abort``)."""
@@ -150,6 +193,7 @@ class ControlEndpoints:
                 400, 'pause_generation needs a body {"mode": abort|retract|in_place}'
             )
         self.scheduler.pause(mode)
+        self.state.stats.pauses += 1
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_(self, request: web.Request) -> web.Response:
@@ -162,7 +206,9 @@ class ControlEndpoints:
         return web.Response(status=503 if self.state.warming() else 200)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        """``POST /flush_cache``: SGLang's plain-text answer."""
+        """``POST /flush_cache``: SGLang's plain-text answers (400 while requests run)."""
+        if not self._flush():
+            return web.Response(status=400, text="Flush cache failed.\n")
         return web.Response(
             text="Cache flushed.\nPlease check backend logs for more details. (When there are"
             " running or waiting requests, the operation will not be performed.)\n"
@@ -177,7 +223,7 @@ class ControlEndpoints:
                 "tokenizer_path": config.model_path,
                 "is_generation": True,
                 "preferred_sampling_params": None,
-                "weight_version": self.state.weight_version,
+                "weight_version": self.state.info_version,
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
                 "model_type": "qwen3",
@@ -197,7 +243,7 @@ class ControlEndpoints:
                 "context_length": config.context_length,
                 "max_running_requests": config.max_running,
                 "served_model_name": config.model_path,
-                "weight_version": self.state.weight_version,
+                "weight_version": self.state.info_version,
                 "tool_call_parser": "qwen25",
                 "reasoning_parser": None,
                 "version": SGLANG_VERSION,
@@ -229,3 +275,11 @@ class ControlEndpoints:
     async def stats(self, request: web.Request) -> web.Response:
         """``GET /_stand_in/stats``: :class:`TextEngineStatistics` as JSON."""
         return web.json_response(dataclasses.asdict(self._statistics()))
+
+
+def _update_answer(success: bool, message: str) -> web.Response:
+    """SGLang's weight-update answer: 200, or 400 with ``success`` false."""
+    return web.json_response(
+        {"success": success, "message": message, "num_paused_requests": 0},
+        status=200 if success else 400,
+    )

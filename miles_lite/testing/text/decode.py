@@ -56,15 +56,29 @@ async def decode(
     stops = [s for s in ([stops] if isinstance(stops, str) else stops) if s]
     ignore_eos = params.get("ignore_eos", False)
     out = call.out
+    first = True
     while True:
         if len(out) >= max(max_new, 0):
             return {"type": "length", "length": len(out)}
         if not await scheduler.pace(call):
             return dict(ABORT)
+        if first:
+            # Looked up once it really starts (a request sent while paused waits first).
+            call.cached_tokens = state.cache.match(call.cache_key, prompt)
+            first = False
+        if call.retracted_at is not None:
+            if model is not None and scheduler.flushes != call.retracted_at:
+                # Its KV was flushed while retracted: recomputed by the current weights.
+                step["past"] = None
+                step["pending"] = [*prompt, *out]
+            call.retracted_at = None
         position = len(out)
         logprob = 0.0
+        # The version of the weights this step runs with (an update may land during it).
+        version = state.weight_version
         if model is not None:
-            token, logprob = await anyio.to_thread.run_sync(model.step, step, temperature)
+            weights = model.model
+            token, logprob = await anyio.to_thread.run_sync(model.step, step, temperature, weights)
             if call.aborted.is_set():
                 return dict(ABORT)
         else:
@@ -76,7 +90,7 @@ async def decode(
         if model is not None:
             call.logprobs.append(logprob)
         out.append(token)
-        versions.append(state.weight_version)
+        versions.append(version)
         state.stats.generated_tokens += 1
         call.advanced()
         if position + 1 < min_new:

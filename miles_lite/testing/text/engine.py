@@ -120,7 +120,7 @@ class TextStandInEngine:
 
     @weight_version.setter
     def weight_version(self, version: str) -> None:
-        self.state.weight_version = version
+        self.state.weight_version = self.state.info_version = version
 
     @property
     def paused(self) -> bool:

@@ -6,7 +6,9 @@ scheduler, tokens from :func:`~miles_lite.testing.text.decode.decode`. Answers a
 key for key in the order of the captures (``gen_*.json``): ``text``, ``output_ids``,
 ``meta_info`` (finish reason, token counts, weight version spans, log-prob triples when
 asked); a streamed request gets cumulative SSE chunks as tokens are made
-(``gen_stream.txt``). ``n > 1`` replaces every rid with a random one, as SGLang does.
+(``gen_stream.txt``). ``n > 1`` replaces every rid with a random one, as SGLang does. ``cached_tokens`` counts
+the prompt tokens the stand-in's prefix cache holds under the request's ``extra_key``
+(:mod:`~miles_lite.testing.text.prefix_cache`); a finished request's tokens go in it.
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ class GenerateEndpoint:
             # SGLang replaces every rid of an n > 1 request with a random one.
             rids = [uuid.uuid4().hex for _ in expanded]
         stream = bool(body.get("stream"))
+        key = body.get("extra_key")
         calls = [
-            (prompt, Call(str(rid), streaming=stream))
+            (prompt, Call(str(rid), streaming=stream, cache_key=key))
             for prompt, rid in zip(expanded, rids, strict=True)
         ]
         if stream:
@@ -129,8 +132,19 @@ class GenerateEndpoint:
             return await decode(state, self.scheduler, prompt, call, params, versions)
 
         finish = await self.scheduler.run(call, generate)
+        if finish.get("type") != "abort":
+            state.cache.insert(call.cache_key, [*prompt, *call.out])
         return self.answer(
-            prompt, call.out, finish, call.rid, params, body, versions, started, call.logprobs
+            prompt,
+            call.out,
+            finish,
+            call.rid,
+            params,
+            body,
+            versions,
+            started,
+            call.logprobs,
+            cached_tokens=call.cached_tokens,
         )
 
     def answer(
@@ -146,6 +160,7 @@ class GenerateEndpoint:
         logprobs: Sequence[float] = (),
         *,
         first_chunk: bool = False,
+        cached_tokens: int = 0,
     ) -> dict[str, Any]:
         """The answer in SGLang's key order; ``started`` None for a non-final stream chunk."""
         state = self.state
@@ -162,7 +177,9 @@ class GenerateEndpoint:
         }
         if body.get("return_logprob"):
             meta.update(self._logprobs(prompt, out, logprobs, body))
-        meta.update({"reasoning_tokens": 0, "completion_tokens": len(out), "cached_tokens": 0})
+        meta.update(
+            {"reasoning_tokens": 0, "completion_tokens": len(out), "cached_tokens": cached_tokens}
+        )
         if started is not None:
             meta["weight_versions"] = _spans(versions)
         meta.update({"cached_tokens_details": None, "dp_rank": None})
@@ -255,6 +272,7 @@ class GenerateEndpoint:
                         None,
                         call.logprobs[:sent],
                         first_chunk=first,
+                        cached_tokens=call.cached_tokens,
                     )
                     await response.write(sse(chunk))
                     first = False

@@ -11,15 +11,21 @@ KV cache, run in a worker thread (torch releases the GIL), sampled with a genera
 from (``seed``, the request's ``sampling_seed`` or else its rid, the prompt), at the
 request's ``temperature`` (0 is greedy). The reported log-prob of a token is the model's
 ``log_softmax`` at temperature 1, so a test can recompute it with :meth:`TinyModel.logprobs`.
+
+``/update_weights_from_disk`` loads a ``save_pretrained`` folder of the same architecture
+(:meth:`TinyModel.load`): a new module takes the old one's place between two steps, so
+each step runs wholly with one version's weights; requests in flight keep their KV.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = ["TinyModel", "TinyModelPolicy"]
@@ -63,6 +69,9 @@ class TinyModel:
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=context_length,
+            # As scripts/sglang-cpu/build_model.py builds the real server's tiny model, so
+            # that one trainer-side model fits both.
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             tie_word_embeddings=True,
         )
         # Weights from our seed without moving the caller's global torch RNG.
@@ -83,13 +92,42 @@ class TinyModel:
         generator = self._torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little"))
         return {"pending": list(prompt), "past": None, "generator": generator}
 
-    def step(self, state: Any, temperature: float) -> tuple[int, float]:
-        """The next token and its log-prob (blocking: run it in a worker thread)."""
+    def load(self, model_path: str) -> Any:
+        """A copy of the model with the weights of ``model_path`` (``model.safetensors``
+        of a ``save_pretrained`` folder of this architecture), to take :attr:`model`'s
+        place (blocking: run it in a worker thread). Raises ``ValueError`` saying what
+        does not fit."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors file in {model_path!r}")
+        weights: dict[str, Any] = {}
+        for file in files:
+            weights.update(load_file(str(file)))
+        model = copy.deepcopy(self.model)
+        try:
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+        except RuntimeError as exc:  # a shape that does not fit
+            raise ValueError(f"the weights in {model_path!r} do not fit the model: {exc}") from exc
+        # The output layer is the input embedding (tied): a checkpoint leaves it out.
+        missing = [m for m in missing if m != "lm_head.weight"]
+        if missing or unexpected:
+            raise ValueError(
+                f"the weights in {model_path!r} do not fit the model: missing {missing[:4]},"
+                f" unexpected {unexpected[:4]}"
+            )
+        return model.train(False)
+
+    def step(self, state: Any, temperature: float, model: Any = None) -> tuple[int, float]:
+        """The next token and its log-prob, with ``model`` (default :attr:`model`; pass
+        the one read when the step was scheduled) (blocking: run it in a worker thread)."""
         torch = self._torch
+        module = self.model if model is None else model
         with torch.inference_mode():
             ids = torch.tensor([state["pending"]], dtype=torch.long)
             kwargs = {self._cache_key: state["past"]}
-            out = self.model(input_ids=ids, use_cache=True, **kwargs)
+            out = module(input_ids=ids, use_cache=True, **kwargs)
             logits = out.logits[0, -1].float()
             logprobs = torch.log_softmax(logits, dim=-1)
             if temperature <= 0:

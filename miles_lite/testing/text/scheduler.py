@@ -2,9 +2,13 @@
 
 At most ``max_running`` requests generate at once; the rest wait for a slot (they count
 in ``waiting``). ``/pause_generation`` holds every request at its next token: mode
-``abort`` also aborts them all, ``retract`` and ``in_place`` keep them (the stand-in has
-no KV cache to retract) until ``/continue_generation``. An aborted request stops at its
-next token, or leaves the queue at once, and answers with what it made so far.
+``abort`` also aborts them all, ``retract`` and ``in_place`` keep them until
+``/continue_generation``. As in SGLang, ``retract`` gives up the requests' KV: with the
+tiny model, a retracted request is recomputed on continue, unless its KV survived in the
+prefix cache (no flush since: it is reused, computed by the old weights); ``in_place``
+keeps it. The cache can be flushed (:meth:`Scheduler.can_flush`) only when nothing runs,
+or when paused with ``retract``. An aborted request stops at its next token, or leaves
+the queue at once, and answers with what it made so far.
 """
 
 from __future__ import annotations
@@ -32,10 +36,23 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 class Call:
     """One prompt generating: its rid, abort flag and the tokens made so far."""
 
-    __slots__ = ("aborted", "logprobs", "out", "progress", "rid")
+    __slots__ = (
+        "aborted",
+        "cache_key",
+        "cached_tokens",
+        "logprobs",
+        "out",
+        "progress",
+        "retracted_at",
+        "rid",
+    )
 
-    def __init__(self, rid: str, *, streaming: bool = False) -> None:
+    def __init__(self, rid: str, *, streaming: bool = False, cache_key: str | None = None) -> None:
         self.rid = rid
+        self.cache_key = cache_key  # the request's extra_key
+        self.cached_tokens = 0  # its prompt tokens found in the prefix cache
+        # The flush count when a retract pause took its KV; None when it holds its KV.
+        self.retracted_at: int | None = None
         self.aborted = anyio.Event()
         self.out: list[int] = []
         # The model policy's log-probs of ``out`` (the scripted one computes its own).
@@ -65,6 +82,10 @@ class Scheduler:
         self._calls: set[Call] = set()
         self._slots: anyio.Semaphore | None = None
         self._unpaused: anyio.Event | None = None
+        #: The mode of the pause in effect (None when generating).
+        self.mode: str | None = None
+        #: Cache flushes so far: a retracted request whose KV outlived none is reused.
+        self.flushes = 0
 
     def start(self) -> None:
         """Make the slots and the (set) pause event, on the event loop."""
@@ -93,12 +114,29 @@ class Scheduler:
         unpaused = self._started()[1]
         if unpaused.is_set():
             self._unpaused = anyio.Event()
+        self.mode = mode
         if mode == "abort":
             self.abort(abort_all=True)
+        elif mode == "retract":
+            for call in self._calls:
+                if call.retracted_at is None:
+                    call.retracted_at = self.flushes
 
     def resume(self) -> None:
         """Let held requests go on (``/continue_generation``)."""
+        self.mode = None
         self._started()[1].set()
+
+    def can_flush(self) -> bool:
+        """Whether ``/flush_cache`` may flush now (SGLang's ``is_fully_idle``, waiting
+        requests ignored while paused): nothing runs, or a ``retract`` pause holds it."""
+        if self.paused and self.mode == "retract":
+            return True
+        return self.stats.running == 0 and self.stats.waiting == 0
+
+    def flushed(self) -> None:
+        """The cache was flushed: KV that retracted requests left in it is gone."""
+        self.flushes += 1
 
     def close(self) -> None:
         """End everything: abort all requests and lift any pause (the engine closes)."""

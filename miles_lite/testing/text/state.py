@@ -2,7 +2,9 @@
 
 One :class:`EngineState` per engine. The scheduler, the ``/generate`` and chat endpoints
 and the control endpoints all read it; the control endpoints change
-:attr:`EngineState.weight_version`, every generated token records it.
+:attr:`EngineState.weight_version`, every generated token records it. As in SGLang, the
+version ``/model_info`` reports (:attr:`EngineState.info_version`) moves only when an
+update succeeds: a weight update whose flush fails has already changed the tokens'.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import anyio.to_thread
 
 from miles_lite.testing.text.config import TextStandInConfig
 from miles_lite.testing.text.model import TinyModel, TinyModelPolicy
+from miles_lite.testing.text.prefix_cache import PrefixCache
 from miles_lite.testing.text.stats import TextEngineStats
 from miles_lite.testing.text.templates import TemplateCache
 from miles_lite.testing.tokenizers import fast_decode, fast_encode, load_qwen3_tokenizer
@@ -37,6 +40,8 @@ class EngineState:
         self.config = config
         self.stats = TextEngineStats()
         self.weight_version = config.weight_version
+        self.info_version = config.weight_version
+        self.cache = PrefixCache(max_depth=config.context_length)
         self.templates = TemplateCache(None)
         self.tokenizer: Any = None
         self.eos = -1

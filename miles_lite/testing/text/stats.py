@@ -22,7 +22,10 @@ class TextEngineStats:
     ``rids_seen``: the rids generated for (both logs keep the first
     ``request_log_limit``); ``aborts``: ``/abort_request`` bodies;
     ``running`` / ``waiting``: generating now / waiting for a slot; ``max_running_seen``:
-    the most generating at once; ``generated_tokens``: output tokens made in all.
+    the most generating at once; ``generated_tokens``: output tokens made in all;
+    ``pauses``: ``/pause_generation`` calls; ``weight_loads``: weights loaded by
+    ``/update_weights_from_disk``; ``flushes`` / ``flush_refusals``: cache flushes done /
+    refused (400: requests were running).
     """
 
     requests: list[Any] = field(default_factory=list)
@@ -33,6 +36,10 @@ class TextEngineStats:
     max_running_seen: int = 0
     generated_tokens: int = 0
     chat_requests: int = 0
+    pauses: int = 0
+    weight_loads: int = 0
+    flushes: int = 0
+    flush_refusals: int = 0
 
     def log_request(self, body: Any, limit: int) -> None:
         """Keep ``body`` in :attr:`requests` unless ``limit`` bodies are kept already."""
@@ -57,6 +64,10 @@ class TextEngineStats:
             max_running_seen=self.max_running_seen,
             generated_tokens=self.generated_tokens,
             chat_requests=self.chat_requests,
+            pauses=self.pauses,
+            weight_loads=self.weight_loads,
+            flushes=self.flushes,
+            flush_refusals=self.flush_refusals,
             template_cache_hits=template_cache_hits,
             weight_version=weight_version,
             paused=paused,
@@ -80,6 +91,10 @@ class TextEngineStatistics:
     max_running_seen: int
     generated_tokens: int
     chat_requests: int
+    pauses: int
+    weight_loads: int
+    flushes: int
+    flush_refusals: int
     template_cache_hits: int
     weight_version: str
     paused: bool

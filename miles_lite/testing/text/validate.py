@@ -151,13 +151,16 @@ def check_sampling(params: Any) -> dict[str, Any]:
 
 
 def check_generate_options(body: dict[str, Any]) -> None:
-    """The types of ``/generate``'s own options (log-probs, stream, rid)."""
+    """The types of ``/generate``'s own options (log-probs, stream, rid, extra_key)."""
     for key in ("return_logprob", "return_text_in_logprobs", "return_prompt_token_ids", "stream"):
         if key in body and not isinstance(body[key], bool):
             raise BadRequest({"error": f"invalid type: `{key}` expected a boolean"})
     for key in ("logprob_start_len", "top_logprobs_num"):
         if key in body and body[key] is not None and not is_int(body[key]):
             raise BadRequest({"error": f"invalid type: `{key}` expected an integer"})
+    extra_key = body.get("extra_key")
+    if extra_key is not None and not isinstance(extra_key, str):
+        raise BadRequest({"error": "invalid type: `extra_key` expected a string"})
     rid = body.get("rid")
     if (
         rid is not None

@@ -1,0 +1,117 @@
+"""How stale a group is, and what becomes of one too stale for the trainer.
+
+A group's lag is how many weight updates its oldest token is behind the current version
+(:class:`~miles_lite.engine.versions.WeightVersions`: the order in which the router
+recorded them). With ``max_staleness`` (RolloutConfig), a group lagging more than that is
+never handed to the trainer; by ``staleness_policy`` it is dropped, or its stale samples
+are reset to their prompts and the group is generated again under the current version.
+
+Why a stale sample loses its whole response, not just its old tokens: versions only grow
+along a response, so its stale tokens are its first ones, and every later token was
+conditioned on them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from miles_lite.engine.versions import WeightVersions
+from miles_lite.types import PrefixCacheInfo, Sample, SampleStatus
+
+__all__ = [
+    "StalenessPolicy",
+    "group_lag",
+    "reset_stale_samples",
+    "sample_lag",
+    "staleness_metrics",
+]
+
+
+class StalenessPolicy(str, enum.Enum):
+    """What becomes of a group lagging more than ``max_staleness``: ``DROP`` it (counted
+    in ``rollout/staleness_dropped_groups``), or ``RESUME`` it (its stale samples reset to
+    their prompts and generated again; ``rollout/staleness_resumed_groups``)."""
+
+    DROP = "drop"
+    RESUME = "resume"
+
+
+def sample_lag(sample: Sample, versions: WeightVersions) -> int | None:
+    """Updates between the sample's oldest token and the current version; None when it
+    holds no versioned token."""
+    if not sample.weight_spans:
+        return None
+    return max(versions.lag(span.version) for span in sample.weight_spans)
+
+
+def group_lag(group: Sequence[Sample], versions: WeightVersions) -> int | None:
+    """The largest lag of the group's samples (its oldest token's); None when none holds a
+    versioned token."""
+    lags = [lag for s in group if (lag := sample_lag(s, versions)) is not None]
+    return max(lags) if lags else None
+
+
+def reset_stale_samples(group: Sequence[Sample], versions: WeightVersions, max_lag: int) -> int:
+    """Reset, in place, every sample lagging more than ``max_lag`` to its prompt
+    (PENDING, no response, no reward), so that generating the group again makes it under
+    the current version; returns how many were reset. The group's reward is cleared where
+    it was given per group."""
+    reset = 0
+    for sample in group:
+        lag = sample_lag(sample, versions)
+        if lag is None or lag <= max_lag:
+            continue
+        prompt_len = len(sample.tokens) - sample.response_length
+        sample.tokens = sample.tokens[:prompt_len]
+        sample.response = ""
+        sample.response_length = 0
+        sample.loss_mask = None
+        sample.rollout_log_probs = None
+        sample.weight_versions = []
+        sample.weight_spans = []
+        sample.status = SampleStatus.PENDING
+        sample.status_reason = None
+        sample.finish_reason = None
+        sample.matched_stop = None
+        sample.reward = None
+        sample.error = None
+        sample.request_id = None
+        sample.turns = 0
+        sample.session = None
+        sample.non_generation_time = 0.0
+        sample.prefix_cache_info = PrefixCacheInfo()
+        reset += 1
+    return reset
+
+
+def staleness_metrics(
+    groups: Iterable[Sequence[Sample]],
+    versions: WeightVersions,
+    *,
+    lags: Sequence[int] | None = None,
+) -> dict[str, float]:
+    """``rollout/staleness_mean`` / ``_max`` / ``_min``: the lag of each group (in weight
+    updates, 0 = every token by the current version), and ``rollout/tokens_per_version/<v>``:
+    model tokens per version (over the versions' spans), for the groups given. ``lags``:
+    the groups' lags as they were when handed over (default: as they are now)."""
+    found: list[int] = []
+    tokens: Counter[str] = Counter()
+    for group in groups:
+        lag = group_lag(group, versions) if lags is None else None
+        if lag is not None:
+            found.append(lag)
+        for sample in group:
+            for span in sample.weight_spans:
+                tokens[span.version] += span.end - span.start
+    if lags is not None:
+        found = list(lags)
+    metrics: dict[str, float] = {}
+    if found:
+        metrics["rollout/staleness_mean"] = sum(found) / len(found)
+        metrics["rollout/staleness_max"] = float(max(found))
+        metrics["rollout/staleness_min"] = float(min(found))
+    for version, count in tokens.items():
+        metrics[f"rollout/tokens_per_version/{version}"] = float(count)
+    return metrics
