@@ -116,3 +116,26 @@ async def test_the_scheduler_holds_slots_pauses_and_aborts() -> None:
         scheduler.resume()
     assert finishes["req-1"] == {"type": "length"}
     assert not scheduler.paused and stats.running == 0
+
+
+@pytest.mark.anyio
+async def test_a_pause_that_lands_during_a_tokens_pacing_holds_that_token() -> None:
+    # A pause, weight update and continue can land while a request sleeps out its token
+    # latency: the token must wait for the continue, so that the retract check after
+    # pace() sees the flush (else the next tokens run on KV from the old weights).
+    scheduler = Scheduler(max_running=1, token_latency_s=0.05, stats=TextEngineStats())
+    scheduler.start()
+    call = Call("req-1")
+    paced: list[bool] = []
+
+    async def one_token() -> None:
+        paced.append(await scheduler.pace(call))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one_token)
+        await anyio.wait_all_tasks_blocked()  # in its latency sleep
+        scheduler.pause("retract")
+        await anyio.sleep(0.2)  # the sleep is over, the pause is not
+        assert paced == []
+        scheduler.resume()
+    assert paced == [True]

@@ -180,16 +180,22 @@ class Scheduler:
         """Before each token: wait while paused, then ``token_latency_s``; False once
         ``call`` is aborted (an abort is seen at the next token, as SGLang sees it at
         the next step)."""
-        unpaused = self._started()[1]
-        if not unpaused.is_set():
-            with anyio.CancelScope() as held:
-                async with anyio.create_task_group() as watch:
-                    watch.start_soon(_cancel_on, call.aborted, held)
-                    await unpaused.wait()
-                    watch.cancel_scope.cancel()
-        if self.token_latency_s > 0 and not call.aborted.is_set():
-            # A plain sleep costs far less than a cancel scope per token.
-            await anyio.sleep(self.token_latency_s)
+        while not call.aborted.is_set():
+            unpaused = self._started()[1]
+            if not unpaused.is_set():
+                with anyio.CancelScope() as held:
+                    async with anyio.create_task_group() as watch:
+                        watch.start_soon(_cancel_on, call.aborted, held)
+                        await unpaused.wait()
+                        watch.cancel_scope.cancel()
+            if self.token_latency_s > 0 and not call.aborted.is_set():
+                # A plain sleep costs far less than a cancel scope per token.
+                await anyio.sleep(self.token_latency_s)
+            if self._started()[1].is_set():
+                # Not paused during the sleep either: the token may go (a pause, update
+                # and continue that landed in the sleep are seen by the caller's
+                # retract check only once the pause has ended).
+                break
         return not call.aborted.is_set()
 
     async def _wait_for_slot(self, call: Call, slots: anyio.Semaphore) -> bool:
