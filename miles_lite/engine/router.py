@@ -256,9 +256,24 @@ class Router(AsyncResource):
     def reported_version(self, url: str, version: str | None) -> bool:
         """The engine at ``url`` reports weight ``version``: it serves again if that is the
         current version (:attr:`versions`); otherwise it awaits the current one. Returns
-        whether it is clear of the version gate. ``KeyError`` for an unknown URL."""
-        engine = self._engine(url)
+        whether it is clear of the version gate. ``KeyError`` for an unknown URL.
+
+        Through SGLang's router, an engine behind it cannot leave the rotation (which
+        engine serves is smg's choice): one that did not take the update is logged and
+        reported (``update_weights`` raises naming it); take it out of smg yourself."""
         current = self.versions.current
+        if self._behind_front(url):
+            if current is not None and version != current:
+                _log.warning(
+                    "engine %s behind SGLang's router reports weight version %r, not %r:"
+                    " smg keeps routing to it (remove it from smg or update it again)",
+                    url,
+                    version,
+                    current,
+                )
+                return False
+            return True
+        engine = self._engine(url)
         if current is None or version == current:
             self._balancer.clear_version(engine)
             return True
@@ -268,8 +283,15 @@ class Router(AsyncResource):
     def await_version(self, url: str, version: str) -> None:
         """Take the engine at ``url`` out of rotation until it reports weight ``version``
         (it missed that update): each health round then asks its ``/model_info``, and
-        :meth:`check_versions` does at once. ``KeyError`` for an unknown URL."""
+        :meth:`check_versions` does at once. ``KeyError`` for an unknown URL; behind
+        SGLang's router, see :meth:`reported_version`."""
+        if self._behind_front(url):
+            self.reported_version(url, None)
+            return
         self._balancer.await_version(self._engine(url), version)
+
+    def _behind_front(self, url: str) -> bool:
+        return self._front is not None and url in self._front.engine_urls
 
     async def check_versions(self) -> dict[str, str | None]:
         """Ask every engine that awaits a weight version for its version now (one bounded

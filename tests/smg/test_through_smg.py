@@ -289,3 +289,29 @@ async def test_with_its_retries_on_smg_rewrites_generate_bodies(
     params = received[0]["sampling_params"]
     assert "spaces_between_special_tokens" not in params and params["top_p"] != 1 / 3
     assert received[0].get("model") == "unknown"
+
+
+async def test_a_weight_update_through_smg_goes_to_every_engine_behind_it(
+    smg: SmgRouter, engines: TextEngineProcessGroup, tokenizer: Any
+) -> None:
+    # Last in the module: the engines keep the version. smg answers 404 to control
+    # paths, so pauses, the version bump and the version reads go to the engines it lists.
+    config = TextRolloutConfig(
+        n_samples_per_prompt=2,
+        sampling=TextSamplingParams(max_new_tokens=8),
+        engines=through(),
+    )
+    aborts = [len((await stats(e))["aborts"]) for e in engines.processes]
+    async with opened(smg.url, tokenizer, config=config) as rollout:
+        report = await rollout.update_weights(None, version="smg-7")
+        result = await rollout.run(["Count to 3."])
+        router = rollout.context.router
+        async with EngineClient(EngineClientConfig()) as client:
+            infos = [await client.get_json(url, "/model_info") for url in engines.urls]
+    assert report.ok and report.push.action == "update_weight_version"
+    assert sorted(e.url for e in report.push.engines) == sorted(engines.urls)
+    assert [info["weight_version"] for info in infos] == ["smg-7", "smg-7"]
+    assert router.versions.current == "smg-7"
+    assert all(s.weight_versions == ["smg-7"] for s in result.samples)
+    # The bump never aborts (abort_all_requests false), and nothing else did either.
+    assert [len((await stats(e))["aborts"]) for e in engines.processes] == aborts
