@@ -179,6 +179,7 @@ class Rollout:
             rollout_id=rollout_id,
             max_staleness=config.max_staleness,
             policy=StalenessPolicy(config.staleness_policy),
+            engines=self.router.urls,
         )
 
     async def update_weights(

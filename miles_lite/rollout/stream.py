@@ -103,8 +103,10 @@ class GroupStream:
         rollout_id: int,
         max_staleness: int | None,
         policy: StalenessPolicy,
+        engines: tuple[str, ...] = (),
     ) -> None:
         self._driver = driver
+        self._engines = engines
         self._groups = groups
         self._versions = versions
         self._max_ahead = max_ahead
@@ -275,6 +277,7 @@ class GroupStream:
         handled = {id(s) for g in (*self._taken, *self._late, *self._late_drops) for s in g}
         untaken = [g for g in run.groups if not any(id(s) in handled for s in g)]
         metrics = dict(run.metrics)
+        metrics["rollout/prompts"] = float(len(self._groups))
         metrics.update(staleness_metrics(self._taken, self._versions, lags=self._lags))
         stats = self._stats
         metrics["rollout/staleness_dropped_groups"] = float(stats.dropped_stale)
@@ -291,4 +294,6 @@ class GroupStream:
             metrics=metrics,
             spans=run.spans,
             rollout_id=run.rollout_id,
+            engines=self._engines,
+            times=run.times,
         )

@@ -39,6 +39,9 @@ async def test_groups_arrive_as_they_finish_and_a_slow_trainer_holds_new_starts(
     assert metrics["rollout/stream_max_ahead"] <= 2 and metrics["rollout/stream_max_buffered"] <= 2
     assert metrics["rollout/stream_delivered_groups"] == 6.0
     assert metrics["rollout/staleness_max"] == 0.0
+    # Like run()'s: the engines (a trace draws idle ones too), the run's times, the prompts.
+    assert result.engines == (engine.url,) and metrics["rollout/prompts"] == 6.0
+    assert 0.0 < result.times.start < result.times.end
 
 
 async def test_a_group_a_filter_drops_frees_its_place(scripted_rollout: OpenScripted) -> None:
