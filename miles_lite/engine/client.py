@@ -30,9 +30,9 @@ from miles_lite.engine._errors import (
     status_error,
 )
 from miles_lite.engine._retry import retry_call
+from miles_lite.engine._routing import route_headers
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_fresh
-from miles_lite.engine.smg import route_headers
 from miles_lite.engine.transport import AiohttpTransport, AsyncTransport, Request
 from miles_lite.errors import BodyTooLargeError, EngineError, EngineProtocolError
 

@@ -22,11 +22,12 @@ import anyio
 
 from miles_lite._core.resources import AsyncResource
 from miles_lite.engine._retry import retry_call
+from miles_lite.engine._routing import sticky
 from miles_lite.engine.balancer import Balancer, EngineSlot, EngineState
 from miles_lite.engine.config import RetryPolicy, RouterConfig
 from miles_lite.engine.control import abort_request
 from miles_lite.engine.health import HealthMonitor
-from miles_lite.engine.smg import SmgFront, SmgWorker, sticky
+from miles_lite.engine.smg import SmgFront, SmgWorker
 from miles_lite.engine.versions import WeightVersions
 from miles_lite.errors import EngineUnavailableError
 

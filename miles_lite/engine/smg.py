@@ -10,11 +10,7 @@ opens and at every health round, and :class:`~miles_lite.engine.router.Router` h
 to :mod:`miles_lite.engine.control`.
 
 A sticky key (an agent session's, given to ``Router.call(fn, key=...)``) must reach the
-router as a header. It travels in a context variable set around ``fn`` (:func:`sticky`)
-and read by the client when it sends to the router's URL (:func:`route_headers`): the
-header then reaches the one request ``fn`` makes, whatever ``fn`` is (the session
-server's, a user's), without changing the ``fn(url)`` contract; the variable is per task,
-so concurrent calls never see each other's key.
+router as a header: :mod:`miles_lite.engine._routing` carries it to the client.
 
 :func:`smg_launch_args` gives the flags miles_lite needs the router to run with, and why.
 """
@@ -22,9 +18,7 @@ so concurrent calls never see each other's key.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +37,7 @@ __all__ = [
     "SmgFront",
     "SmgWorker",
     "parse_workers",
-    "route_headers",
     "smg_launch_args",
-    "sticky",
 ]
 
 #: The router's worker list.
@@ -71,29 +63,6 @@ SMG_FLAGS = (
     "--log-level",
     "warn",
 )
-
-# (router URL, header name, key) of the Router.call running in this task; see the module doc.
-_ROUTE: ContextVar[tuple[str, str, str] | None] = ContextVar("miles_lite_smg_route", default=None)
-
-
-@contextmanager
-def sticky(url: str, header: str, key: str) -> Iterator[None]:
-    """Within the block (this task and tasks it starts), requests the client sends to
-    the router at ``url`` carry ``header: key``."""
-    token = _ROUTE.set((url, header, key))
-    try:
-        yield
-    finally:
-        _ROUTE.reset(token)
-
-
-def route_headers(url: str) -> dict[str, str] | None:
-    """The sticky-key header for a request to ``url`` in this task (see :func:`sticky`),
-    or ``None``. Pure and cheap: read once per request by the client."""
-    route = _ROUTE.get()
-    if route is None or route[0] != url:
-        return None
-    return {route[1]: route[2]}
 
 
 @dataclass(frozen=True, slots=True)

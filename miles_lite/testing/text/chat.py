@@ -10,12 +10,16 @@ and answers in the captures' shape (:mod:`.chat_answers`), whole or streamed.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from miles_lite.testing.text.chat_answers import chat_choice, chat_response, chat_stream_chunks
+from miles_lite.testing.text.chat_answers import (
+    ChatOptions,
+    chat_choice,
+    chat_response,
+    chat_stream_chunks,
+)
 from miles_lite.testing.text.generate import GenerateEndpoint, error_response, read_json, sse
 from miles_lite.testing.text.scheduler import Call
 from miles_lite.testing.text.validate import (
@@ -30,23 +34,6 @@ __all__ = ["ChatEndpoint", "ChatOptions", "chat_options"]
 
 #: The id options SGLang refuses with ``stream: true``, in the order it checks them.
 _ID_OPTIONS = ("return_prompt_token_ids", "return_token_ids", "return_meta_info")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChatOptions:
-    """A chat request in ``/generate`` terms."""
-
-    sampling_params: dict[str, Any]
-    rid: str | None
-    n: int
-    model: str
-    stream: bool
-    logprobs: bool
-    top_logprobs: int
-    return_prompt_token_ids: bool
-    return_token_ids: bool
-    return_meta_info: bool
-    has_tools: bool
 
 
 def _bool(body: dict[str, Any], key: str) -> bool | None:

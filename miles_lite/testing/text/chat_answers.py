@@ -11,17 +11,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from miles_lite.testing.text.tools import parse_tool_calls
 from miles_lite.testing.tokenizers import fast_decode
 
-if TYPE_CHECKING:
-    from miles_lite.testing.text.chat import ChatOptions
-
-__all__ = ["chat_choice", "chat_response", "chat_stream_chunks"]
+__all__ = ["ChatOptions", "chat_choice", "chat_response", "chat_stream_chunks"]
 
 _FINISH = {"length": "length", "stop": "stop", "abort": "abort"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatOptions:
+    """A chat request in ``/generate`` terms."""
+
+    sampling_params: dict[str, Any]
+    rid: str | None
+    n: int
+    model: str
+    stream: bool
+    logprobs: bool
+    top_logprobs: int
+    return_prompt_token_ids: bool
+    return_token_ids: bool
+    return_meta_info: bool
+    has_tools: bool
 
 
 def _token_entry(tokenizer: Any, token: int, logprob: float, top: bool) -> dict[str, Any]:
