@@ -138,6 +138,8 @@ class SGLangServer(StartStop):
         self._port: int | None = None
         self._log_path: Path | None = None
         self._stopped = False
+        #: SGLang's shared-memory segments that existed before this server started.
+        self._shm_before: frozenset[str] = frozenset()
         self._finalizer: weakref.finalize[..., SGLangServer] | None = None
 
     @property
@@ -234,6 +236,7 @@ class SGLangServer(StartStop):
         # The server must not import this repo's packages or the caller's venv.
         env.pop("PYTHONPATH", None)
         env.pop("VIRTUAL_ENV", None)
+        self._shm_before = _sglang_segments()
         with os.fdopen(fd, "wb") as log:
             self._proc = subprocess.Popen(
                 self.command(port),
@@ -287,6 +290,23 @@ class SGLangServer(StartStop):
             _kill_tree(self._proc.pid, self._config.stop_timeout_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=1.0)
+            # SGLang leaves its load-reporting segment behind when it is stopped: remove
+            # the ones that appeared while this server ran.
+            for name in _sglang_segments() - self._shm_before:
+                with contextlib.suppress(OSError):
+                    (_SHM / name).unlink()
+
+
+#: Where POSIX shared memory lives on Linux, and SGLang's segments' prefix there.
+_SHM = Path("/dev/shm")
+_SGLANG_SHM_PREFIX = "sglang_"
+
+
+def _sglang_segments() -> frozenset[str]:
+    try:
+        return frozenset(p.name for p in _SHM.iterdir() if p.name.startswith(_SGLANG_SHM_PREFIX))
+    except OSError:  # no /dev/shm (not Linux)
+        return frozenset()
 
 
 def _free_port(host: str) -> int:

@@ -88,7 +88,9 @@ def api_types(sglang_site: Path) -> ModuleType:
 
 @pytest.fixture(scope="session")
 def sglang_server(sglang_venv: Path) -> Iterator[SGLangServer]:
-    """One real server for the whole tier, stopped with all its children at the end."""
+    """One real server for the whole tier, stopped with all its children at the end, and
+    with them the shared memory it made (SGLang leaves a load-reporting segment)."""
+    before = _sglang_segments()
     server = SGLangServer(SGLangServerConfig(venv=sglang_venv, start_timeout_s=TEST_TIMEOUT_S - 60))
     try:
         server.start()
@@ -98,6 +100,12 @@ def sglang_server(sglang_venv: Path) -> Iterator[SGLangServer]:
         yield server
     finally:
         server.stop()
+    left = _sglang_segments() - before
+    assert not left, f"the stopped server left shared memory behind: {sorted(left)}"
+
+
+def _sglang_segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("sglang_*")}
 
 
 @pytest.fixture(scope="session")
