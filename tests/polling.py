@@ -7,7 +7,7 @@ from collections.abc import Callable
 import anyio
 
 
-async def wait_until(condition: Callable[[], object], timeout_s: float = 5.0) -> None:
+async def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
     """Return once ``condition()`` is true; ``TimeoutError`` after ``timeout_s``."""
     with anyio.fail_after(timeout_s):
         while True:

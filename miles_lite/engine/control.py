@@ -295,33 +295,53 @@ def _refused(action: str, url: str, why: str | None) -> None:
         raise EngineControlError(f"{action} {why}", url=url)
 
 
+async def _post_all(
+    client: EngineClient,
+    urls: Sequence[str],
+    action: str,
+    path: str,
+    body: dict[str, Any],
+    check: Callable[[Any], str | None],
+    timeout_s: float,
+    *,
+    report_as: str | None = None,
+) -> ControlReport:
+    """POST ``body`` to ``path`` at every engine, one bounded attempt each; ``check(answer)``
+    says why an engine refused (an error for that engine), or None."""
+
+    async def call(url: str) -> dict[str, Any]:
+        answer = await client.post_json(url, path, body, timeout_s=timeout_s, retry=False)
+        _refused(action, url, check(answer))
+        return {}
+
+    return await _fan_out(report_as or action, urls, call)
+
+
 async def pause_generation(
     client: EngineClient, urls: Sequence[str], mode: PauseMode, *, timeout_s: float = 10.0
 ) -> ControlReport:
     """``POST /pause_generation`` with ``mode`` at every engine (see :class:`PauseMode`);
     each call bounded by ``timeout_s``. Requests sent while an engine is paused wait there
     until it continues."""
-    body = pause_body(mode)
-
-    async def call(url: str) -> dict[str, Any]:
-        answer = await client.post_json(url, PAUSE_PATH, body, timeout_s=timeout_s, retry=False)
-        _refused("pause_generation", url, check_status_ok(answer))
-        return {}
-
-    return await _fan_out(f"pause_generation({PauseMode(mode).value})", urls, call)
+    return await _post_all(
+        client,
+        urls,
+        "pause_generation",
+        PAUSE_PATH,
+        pause_body(mode),
+        check_status_ok,
+        timeout_s,
+        report_as=f"pause_generation({PauseMode(mode).value})",
+    )
 
 
 async def continue_generation(
     client: EngineClient, urls: Sequence[str], *, timeout_s: float = 10.0
 ) -> ControlReport:
     """``POST /continue_generation`` at every engine, each bounded by ``timeout_s``."""
-
-    async def call(url: str) -> dict[str, Any]:
-        answer = await client.post_json(url, CONTINUE_PATH, {}, timeout_s=timeout_s, retry=False)
-        _refused("continue_generation", url, check_status_ok(answer))
-        return {}
-
-    return await _fan_out("continue_generation", urls, call)
+    return await _post_all(
+        client, urls, "continue_generation", CONTINUE_PATH, {}, check_status_ok, timeout_s
+    )
 
 
 async def update_weights_from_disk(
@@ -336,16 +356,15 @@ async def update_weights_from_disk(
     the engine can read) and report ``version`` from now on; never aborts, never flushes
     (:func:`flush_cache` does, where the pause mode allows). Each call bounded by
     ``timeout_s`` (loading takes as long as the checkpoint)."""
-    body = update_from_disk_body(model_path, version)
-
-    async def call(url: str) -> dict[str, Any]:
-        answer = await client.post_json(
-            url, UPDATE_FROM_DISK_PATH, body, timeout_s=timeout_s, retry=False
-        )
-        _refused("update_weights_from_disk", url, check_update_answer(answer))
-        return {}
-
-    return await _fan_out("update_weights_from_disk", urls, call)
+    return await _post_all(
+        client,
+        urls,
+        "update_weights_from_disk",
+        UPDATE_FROM_DISK_PATH,
+        update_from_disk_body(model_path, version),
+        check_update_answer,
+        timeout_s,
+    )
 
 
 async def update_weight_version(
@@ -353,16 +372,15 @@ async def update_weight_version(
 ) -> ControlReport:
     """``POST /update_weight_version`` at every engine, never aborting a request (the
     endpoint's default aborts them all); each call bounded by ``timeout_s``."""
-    body = update_version_body(version)
-
-    async def call(url: str) -> dict[str, Any]:
-        answer = await client.post_json(
-            url, UPDATE_VERSION_PATH, body, timeout_s=timeout_s, retry=False
-        )
-        _refused("update_weight_version", url, check_update_answer(answer))
-        return {}
-
-    return await _fan_out("update_weight_version", urls, call)
+    return await _post_all(
+        client,
+        urls,
+        "update_weight_version",
+        UPDATE_VERSION_PATH,
+        update_version_body(version),
+        check_update_answer,
+        timeout_s,
+    )
 
 
 async def read_weight_versions(

@@ -13,15 +13,9 @@ import pytest
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
+from tests.polling import wait_until
 
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll ``condition`` until it holds; fail after ``timeout_s``."""
-    with anyio.fail_after(timeout_s):
-        while True:
-            if condition():
-                return
-            await anyio.sleep(0.005)
+__all__ = ["OpenScripted", "wait_until"]
 
 
 OpenScripted = Callable[..., AbstractAsyncContextManager[tuple[TextRollout, TextStandInEngine]]]
