@@ -257,15 +257,16 @@ class EngineClient(AsyncResource):
             headers = {**headers, **routed} if headers else routed
         sent_headers = dict(headers) if headers else None
         self._requests += 1
-
-        async def attempt() -> RawResponse:
-            self._check_open(url=url, request_id=request_id)
-            where = Attempt(method, url, path, request_id, timeouts, Progress())
-            return await self._exchange(Request(where, data, sent_headers), allocator)
-
         try:
             if not retry:
-                return await attempt()
+                where = Attempt(method, url, path, request_id, timeouts, Progress())
+                return await self._exchange(Request(where, data, sent_headers), allocator)
+
+            async def attempt() -> RawResponse:
+                self._check_open(url=url, request_id=request_id)  # closed while backing off
+                where = Attempt(method, url, path, request_id, timeouts, Progress())
+                return await self._exchange(Request(where, data, sent_headers), allocator)
+
             return await retry_call(
                 self._config.retry, attempt, rand=self._random.random, on_retry=self._on_retry
             )
@@ -280,20 +281,20 @@ class EngineClient(AsyncResource):
         """One HTTP attempt: send, check the status, read the body into a buffer."""
         self._attempts += 1
         where = request.attempt
-        ctx = {"url": where.url, "request_id": where.request_id}
         stream = await self._transport.send(request)
         complete = False
         try:
             if not 200 <= stream.status < 300:
                 excerpt = await read_excerpt(stream, where.progress)
                 raise status_error(where, stream.status, stream.reason, stream.headers, excerpt)
-            encoding = stream.headers.get("Content-Encoding", "identity").strip().lower()
-            if encoding not in ("", "identity"):
+            encoding = stream.headers.get("Content-Encoding")
+            if encoding is not None and encoding.strip().lower() not in ("", "identity"):
                 raise EngineProtocolError(
-                    f"answer to {where.method} {where.path} has Content-Encoding {encoding!r}"
-                    " although identity was asked for; turn compression off on the engine's"
-                    " proxy",
-                    **ctx,
+                    f"answer to {where.method} {where.path} has Content-Encoding"
+                    f" {encoding.strip().lower()!r} although identity was asked for; turn"
+                    " compression off on the engine's proxy",
+                    url=where.url,
+                    request_id=where.request_id,
                 )
             owner, body = await self._read_body(stream, where, into)
             complete = True
@@ -317,34 +318,38 @@ class EngineClient(AsyncResource):
     async def _read_body(
         self, stream: Any, where: Attempt, into: BodyAllocator
     ) -> tuple[object, memoryview]:
-        limit = self._config.max_body_bytes
-        chunk_bytes = self._config.read_chunk_bytes
+        config = self._config
+        limit = config.max_body_bytes
+        chunk_bytes = config.read_chunk_bytes
         progress = where.progress
-        ctx = {"url": where.url, "request_id": where.request_id}
+        url, request_id = where.url, where.request_id
         length = stream.content_length
         if length is not None:
             if length > limit:
                 raise BodyTooLargeError(
                     f"body of {length} bytes (Content-Length) is over max_body_bytes={limit}:"
                     " refused unread; raise the limit or ask for fewer outputs per request",
-                    **ctx,
+                    url=url,
+                    request_id=request_id,
                 )
             progress.expected = length
             if length == 0:
                 return None, memoryview(b"")
             owner = await into(length)
-            view = writable_bytes(owner, length, **ctx)
+            view = writable_bytes(owner, length, url=url, request_id=request_id)
             await fill_view(stream, view, chunk_bytes, progress)
             if progress.received < length:
                 raise engine_error(Failure.TRUNCATED, where, "the body ended early")
             return owner, view
 
-        chunks = await read_all_chunks(stream, chunk_bytes, limit, progress, **ctx)
+        chunks = await read_all_chunks(
+            stream, chunk_bytes, limit, progress, url=url, request_id=request_id
+        )
         total = progress.received
         if total == 0:
             return None, memoryview(b"")
         owner = await into(total)
-        view = writable_bytes(owner, total, **ctx)
+        view = writable_bytes(owner, total, url=url, request_id=request_id)
         if total <= _INLINE_BYTES:
             _copy_chunks(chunks, view)
         else:

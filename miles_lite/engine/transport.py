@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,7 +19,7 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from miles_lite.engine._errors import Attempt, Failure, engine_error
+from miles_lite.engine._errors import Attempt, Failure, Timeouts, engine_error
 from miles_lite.engine.config import EngineClientConfig
 
 __all__ = [
@@ -36,6 +35,8 @@ __all__ = [
 
 #: Longest time aclose() waits for the session's connections to close, in seconds.
 _CLOSE_TIMEOUT_S = 5.0
+#: Distinct sets of bounds whose aiohttp timeout objects are kept.
+_MAX_TIMEOUTS = 64
 # identity: Content-Length must be the body's size, and compressed bodies would need a
 # decompression pass on the loop.
 _GET_HEADERS = {"Accept-Encoding": "identity"}
@@ -150,15 +151,19 @@ def classify_aiohttp(exc: BaseException) -> tuple[Failure, str] | None:
     return None
 
 
-@contextmanager
-def _translated(attempt: Attempt) -> Iterator[None]:
-    try:
-        yield
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        kind = classify_aiohttp(exc)
-        if kind is None:  # pragma: no cover - every ClientError is classified
-            raise
-        raise engine_error(kind[0], attempt, kind[1]) from exc
+#: What aiohttp raises for a failed exchange (translated by :func:`_translate`).
+_AIOHTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def _translate(exc: BaseException, attempt: Attempt) -> BaseException:
+    """The miles_lite error for an aiohttp failure of ``attempt`` (raise it ``from exc``).
+
+    A plain ``try/except`` at each call site rather than a context manager: this runs
+    around every send and every body read."""
+    kind = classify_aiohttp(exc)
+    if kind is None:  # pragma: no cover - every ClientError is classified
+        return exc
+    return engine_error(kind[0], attempt, kind[1])
 
 
 class _AiohttpStream:
@@ -189,8 +194,10 @@ class _AiohttpStream:
         return self._response.content_length
 
     async def read(self, n: int) -> bytes:
-        with _translated(self._attempt):
+        try:
             return await self._response.content.read(n)
+        except _AIOHTTP_ERRORS as exc:
+            raise _translate(exc, self._attempt) from exc
 
     def release(self) -> None:
         self._response.release()
@@ -206,6 +213,9 @@ class AiohttpTransport:
     def __init__(self, config: EngineClientConfig) -> None:
         self._config = config
         self._session: aiohttp.ClientSession | None = None
+        # One aiohttp timeout object per set of bounds (the client has one, plus a few
+        # per control call): made once, not per request.
+        self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -225,18 +235,17 @@ class AiohttpTransport:
 
     async def send(self, request: Request) -> ResponseStream:
         """Send ``request``; the answer once its headers are in (see :class:`AsyncTransport`)."""
-        session = self._open_session()
+        session = self._session or self._open_session()
         attempt = request.attempt
-        timeouts = attempt.timeouts
-        # sock_connect, not connect: aiohttp's `connect` also counts the wait for a free
-        # pooled connection, which under load is queueing, not an engine failure.
-        timeout = aiohttp.ClientTimeout(
-            total=timeouts.total_s, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
-        )
+        timeout = self._timeouts.get(attempt.timeouts)
+        if timeout is None:
+            if len(self._timeouts) >= _MAX_TIMEOUTS:
+                self._timeouts.clear()  # callers passing ever new timeout_s values
+            timeout = self._timeouts[attempt.timeouts] = _client_timeout(attempt.timeouts)
         headers = _GET_HEADERS if request.body is None else _JSON_HEADERS
         if request.headers:
             headers = {**headers, **request.headers}
-        with _translated(attempt):
+        try:
             response = await session.request(
                 attempt.method,
                 _join(attempt.url, attempt.path),
@@ -245,6 +254,8 @@ class AiohttpTransport:
                 timeout=timeout,
                 allow_redirects=False,
             )
+        except _AIOHTTP_ERRORS as exc:
+            raise _translate(exc, attempt) from exc
         return _AiohttpStream(response, attempt)
 
     async def aclose(self) -> None:
@@ -253,6 +264,14 @@ class AiohttpTransport:
         if session is not None:
             with anyio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
                 await session.close()
+
+
+def _client_timeout(timeouts: Timeouts) -> aiohttp.ClientTimeout:
+    # sock_connect, not connect: aiohttp's `connect` also counts the wait for a free
+    # pooled connection, which under load is queueing, not an engine failure.
+    return aiohttp.ClientTimeout(
+        total=timeouts.total_s, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
+    )
 
 
 def _join(url: str, path: str) -> str:

@@ -503,3 +503,19 @@ def test_config_refuses_an_unbounded_request() -> None:
     EngineClientConfig(total_timeout_s=None)  # bounded by the read timeout
     with pytest.raises(ConfigError, match="total_timeout_s"):
         EngineClientConfig(total_timeout_s=None, read_timeout_s=None)
+
+
+@pytest.mark.anyio
+async def test_timeout_objects_are_made_once_per_bound_and_stay_bounded(
+    engine: ScriptedEngine,
+) -> None:
+    """aiohttp's timeout object is made once per set of bounds (not per request), and
+    callers passing ever new ``timeout_s`` values do not grow the cache without bound."""
+    async with EngineClient(EngineClientConfig()) as client:
+        for _ in range(5):
+            await client.get_json(engine.url, "/health")
+        cache = client._transport._timeouts  # type: ignore[attr-defined]
+        assert len(cache) == 1
+        for i in range(100):
+            assert await client.health(engine.url, timeout_s=1.0 + i / 1000)
+        assert 1 <= len(cache) <= 64
