@@ -1,4 +1,6 @@
-"""The retry loop: try again what a :class:`~miles_lite.engine.config.RetryPolicy` allows.
+"""The client's retry loop (the same engine again): try again what a
+:class:`~miles_lite.engine.config.RetryPolicy` allows. ``Router.call`` writes out its own
+(another engine each time, on the hot path); both ask ``RetryPolicy.retry_delay``.
 
 Only errors whose ``retryable`` attribute is true are retried (see :mod:`miles_lite.errors`):
 what never reached the engine (connection refused, DNS, connect timeout) and HTTP
@@ -42,9 +44,9 @@ async def retry_call(
         try:
             return await fn()
         except Exception as exc:
-            if attempt >= policy.max_attempts or not policy.should_retry(exc):
+            delay = policy.retry_delay(attempt, exc, rand)
+            if delay is None:
                 raise
-            delay = policy.backoff_s(attempt, rand())
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
         await anyio.sleep(delay)

@@ -159,6 +159,11 @@ class Balancer:
         """Drop the engine remembered for sticky ``key``."""
         self._sticky.pop(key, None)
 
+    def take(self, key: str | None, exclude: Collection[str]) -> EngineSlot | None:
+        """A slot now, counted in flight, when one is free and no weight update holds the
+        leases; else ``None`` (then :meth:`acquire` waits for one). No await."""
+        return None if self.held else self._pick(key, exclude)
+
     async def acquire(
         self, key: str | None, exclude: Collection[str], check: Callable[[], None]
     ) -> EngineSlot:

@@ -9,6 +9,7 @@ request's limits in :class:`EngineClientConfig` (the worker-side fetch of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from miles_lite._core.validate import check_int, check_number, check_seconds, check_type
@@ -65,6 +66,17 @@ class RetryPolicy:
         base = min(self.backoff_max_s, self.backoff_initial_s * 2.0 ** min(retry - 1, 60))
         spread = 1.0 + self.jitter * (2.0 * rand - 1.0)
         return max(0.0, min(self.backoff_max_s, base * spread))
+
+    def retry_delay(
+        self, attempt: int, error: BaseException, rand: Callable[[], float]
+    ) -> float | None:
+        """After try ``attempt`` (1-based) failed with ``error``: the wait in seconds before
+        the next try, or ``None`` when there is none (``error`` is not retryable, or
+        ``max_attempts`` tries were made). ``rand()`` gives the jitter's uniform number in
+        ``[0, 1)``; called only when there is a next try."""
+        if attempt >= self.max_attempts or not self.should_retry(error):
+            return None
+        return self.backoff_s(attempt, rand())
 
     @staticmethod
     def should_retry(error: BaseException) -> bool:

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from miles_lite._core.resources import AsyncResource
-from miles_lite.engine._retry import retry_call
 from miles_lite.engine._routing import sticky
 from miles_lite.engine.balancer import Balancer, EngineSlot, EngineState
 from miles_lite.engine.config import RetryPolicy, RouterConfig
@@ -364,27 +363,37 @@ class Router(AsyncResource):
         Through SGLang's router, ``key`` goes with the requests ``fn`` sends to it as the
         ``SmgConfig.routing_key_header`` header (see :mod:`miles_lite.engine.smg`).
         """
-        failed: set[str] = set()
-        front = self._front
-
-        async def attempt() -> T:
-            async with self.lease(key, exclude=failed) as url:
-                routed = (
-                    sticky(url, front.smg.routing_key_header, key)
-                    if front is not None and key is not None
-                    else nullcontext()
-                )
-                try:
-                    with routed:
-                        return await fn(url)
-                except Exception as exc:
-                    if RetryPolicy.should_retry(exc):
-                        failed.add(url)
+        # The retry loop of Router.call, written out (no closure, no lease object: it runs
+        # once per request); what is retried and how long to wait is the policy's.
+        policy = policy or self._client.config.retry
+        balancer = self._balancer
+        header = self._front.smg.routing_key_header if self._front is not None else None
+        failed: frozenset[str] = _NOTHING
+        attempt = 1
+        while True:
+            self._check_open()
+            engine = balancer.take(key, failed)
+            if engine is None:
+                engine = await balancer.acquire(key, failed, self._check_open)
+            url = engine.url
+            try:
+                if header is None or key is None:
+                    result = await fn(url)
+                else:
+                    with sticky(url, header, key):
+                        result = await fn(url)
+            except BaseException as exc:
+                # Synchronous on purpose: the in-flight count drops in a cancelled scope.
+                balancer.release(engine, exc)
+                delay = policy.retry_delay(attempt, exc, self._random.random)
+                if delay is None:
                     raise
-
-        return await retry_call(
-            policy or self._client.config.retry, attempt, rand=self._random.random
-        )
+                failed = failed | {url}  # the next lease avoids it
+            else:
+                balancer.release(engine, None)
+                return result
+            await anyio.sleep(delay)
+            attempt += 1
 
     async def post(
         self,
@@ -482,6 +491,9 @@ class Router(AsyncResource):
     def _describe(self) -> str:
         urls = self._balancer.urls
         return f"router over {len(urls)} engine(s) {list(urls)}"
+
+
+_NOTHING: frozenset[str] = frozenset()
 
 
 class _Lease:

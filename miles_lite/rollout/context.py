@@ -7,9 +7,6 @@ requests.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import anyio
 
 __all__ = ["InFlight", "RunContext"]
@@ -22,14 +19,9 @@ class InFlight:
     def __init__(self) -> None:
         self._at: dict[str, str | None] = {}
 
-    @contextmanager
-    def track(self, rid: str) -> Iterator[None]:
-        """Count ``rid`` in flight for the duration of the block."""
-        self._at[rid] = None
-        try:
-            yield
-        finally:
-            self._at.pop(rid, None)
+    def track(self, rid: str) -> _Tracked:
+        """Count ``rid`` in flight for the duration of the ``with`` block."""
+        return _Tracked(self._at, rid)
 
     def sent_to(self, rid: str, url: str) -> None:
         """``rid`` is being sent to the engine at ``url`` (a lease was taken)."""
@@ -50,6 +42,22 @@ class InFlight:
 
     def __len__(self) -> int:
         return len(self._at)
+
+
+class _Tracked:
+    """The ``with`` block of :meth:`InFlight.track` (a class, not a generator: one per
+    request, on the hot path)."""
+
+    __slots__ = ("_at", "_rid")
+
+    def __init__(self, at: dict[str, str | None], rid: str) -> None:
+        self._at, self._rid = at, rid
+
+    def __enter__(self) -> None:
+        self._at[self._rid] = None
+
+    def __exit__(self, *exc: object) -> None:
+        self._at.pop(self._rid, None)
 
 
 class RunContext:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from operator import attrgetter
 from typing import Any
 
 __all__ = ["RunTimes", "UnitSpan", "span_metrics"]
@@ -77,18 +78,29 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+#: Each stage's (start, end) of a span, read at C speed (the metrics read every unit's).
+_STAGE_TIMES = tuple(
+    (stage, attrgetter(f"{stage}_start", f"{stage}_end"))
+    for stage in ("generate", "deserialize", "reward")
+)
+_COUNTERS = attrgetter("wire_bytes", "spilled", "pickled_bytes")
+
+
 def span_metrics(spans: list[UnitSpan]) -> dict[str, float]:
     """Mean and max stage durations (seconds), wire bytes and arena spills over units."""
     out: dict[str, float] = {}
-    for stage in ("generate", "deserialize", "reward"):
+    for stage, times in _STAGE_TIMES:
         durations = [
-            getattr(s, f"{stage}_end") - getattr(s, f"{stage}_start")
-            for s in spans
-            if getattr(s, f"{stage}_start") is not None and getattr(s, f"{stage}_end") is not None
+            end - start for start, end in map(times, spans) if start is not None and end is not None
         ]
         out[f"perf/{stage}_time_mean"] = _mean(durations)
         out[f"perf/{stage}_time_max"] = max(durations, default=0.0)
-    out["perf/wire_bytes"] = float(sum(s.wire_bytes for s in spans))
-    out["perf/arena_spills"] = float(sum(s.spilled for s in spans))
-    out["perf/pickled_bytes"] = float(sum(s.pickled_bytes for s in spans))
+    wire = spilled = pickled = 0
+    for wire_bytes, spill, pickled_bytes in map(_COUNTERS, spans):
+        wire += wire_bytes
+        spilled += spill
+        pickled += pickled_bytes
+    out["perf/wire_bytes"] = float(wire)
+    out["perf/arena_spills"] = float(spilled)
+    out["perf/pickled_bytes"] = float(pickled)
     return out

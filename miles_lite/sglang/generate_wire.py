@@ -10,7 +10,7 @@ engine, the rid, the field and the position; nothing of it reaches the sample.
 from __future__ import annotations
 
 import math
-import uuid
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +45,7 @@ FINISH_STATUS: dict[str, SampleStatus] = {
 def new_rid() -> str:
     """A fresh request id: 32 hex digits, so that no rid is a prefix of another (SGLang
     aborts by rid prefix)."""
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def build_generate_payload(

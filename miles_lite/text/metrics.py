@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
+from operator import attrgetter
 
 from miles_lite.rollout.filters import reward_value
 from miles_lite.types import Sample, SampleStatus
 
 __all__ = ["text_metrics"]
+
+_STATUS = attrgetter("status")
 
 
 def text_metrics(
@@ -30,11 +33,9 @@ def text_metrics(
         metrics["rollout/response_len/max"] = float(max(lengths))
         metrics["rollout/response_len/min"] = float(min(lengths))
     if samples:
-        truncated = sum(s.status is SampleStatus.TRUNCATED for s in samples)
-        metrics["rollout/truncated_ratio"] = truncated / len(samples)
-        metrics["rollout/aborted_ratio"] = sum(
-            s.status is SampleStatus.ABORTED for s in samples
-        ) / len(samples)
+        statuses = Counter(map(_STATUS, samples))
+        metrics["rollout/truncated_ratio"] = statuses[SampleStatus.TRUNCATED] / len(samples)
+        metrics["rollout/aborted_ratio"] = statuses[SampleStatus.ABORTED] / len(samples)
     if rollout_time_s and rollout_time_s > 0:
         total = sum(s.response_length for s in live)
         metrics["perf/tokens_per_sec"] = total / rollout_time_s

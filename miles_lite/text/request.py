@@ -46,50 +46,74 @@ async def post_generate(
     message) and ``EngineProtocolError`` for an answer that breaks the format.
     """
     rid = payload["rid"]
-    client = ctx.router.client
+    send = _Send(ctx, run, payload, rid, span)
+    with run.in_flight.track(rid):
+        try:
+            answer = await ctx.router.call(send)
+        except _Stopped:
+            return None
+        except EngineTimeoutError as exc:
+            if not exc.retryable and send.url is not None:
+                # The engine got it and learns of the timeout only from the closed
+                # connection: stop the generation there.
+                await ctx.router.abort_request(send.url, rid, timeout_s=_TIMEOUT_ABORT_S)
+            raise
+    parsed = parse_generate_answer(answer, rid=rid, url=send.url, vocab_size=ctx.vocab_size)
     versions = ctx.router.versions
-    sent: list[str] = []
-    sent_under: list[str | None] = [None]
+    if versions.current is not None and parsed.weight_spans:
+        # Across a weight update (or sent just before one): mark tokens made on older KV.
+        marked = versions.mark_kv(
+            parsed.weight_spans, sent_under=send.version, cached_tokens=parsed.cached_tokens
+        )
+        if marked != parsed.weight_spans:
+            parsed = replace(parsed, weight_spans=marked)
+    return parsed
 
-    async def attempt(url: str) -> Any:
+
+class _Send:
+    """One attempt of :func:`post_generate` on the engine the router leased (``fn`` of
+    ``Router.call``); remembers where and under which weight version it went last.
+
+    A small object rather than a closure: one per request, on the hot path."""
+
+    __slots__ = ("ctx", "payload", "rid", "run", "span", "url", "version")
+
+    def __init__(
+        self,
+        ctx: TextContext,
+        run: RunContext,
+        payload: dict[str, Any],
+        rid: str,
+        span: UnitSpan | None,
+    ) -> None:
+        self.ctx, self.run, self.payload, self.rid, self.span = ctx, run, payload, rid, span
+        self.url: str | None = None
+        self.version: str | None = None
+
+    async def __call__(self, url: str) -> Any:
+        run, rid, payload = self.run, self.rid, self.payload
         # Checked after the slot is taken: a request still waiting at the stop is never
         # sent (it would run to its end: the abort went out before it).
         if run.stopping:
             raise _Stopped
         run.in_flight.sent_to(rid, url)
-        sent.append(url)
+        self.url = url
         # Read at send time: a request held while the weights were updated goes out with
         # the new version's cache key, so it never reuses KV computed before the update.
-        sent_under[:] = [versions.current]
+        router = self.ctx.router
+        versions = router.versions
+        self.version = versions.current
         cache_key = versions.cache_key()
         if cache_key is not None:
             payload["extra_key"] = cache_key
+        span = self.span
         if span is not None:
             span.engine = url
             span.requests += 1
             span.leased()
-        return await client.post_json(url, GENERATE_PATH, payload, request_id=rid, retry=False)
-
-    with run.in_flight.track(rid):
-        try:
-            answer = await ctx.router.call(attempt)
-        except _Stopped:
-            return None
-        except EngineTimeoutError as exc:
-            if not exc.retryable and sent:
-                # The engine got it and learns of the timeout only from the closed
-                # connection: stop the generation there.
-                await ctx.router.abort_request(sent[-1], rid, timeout_s=_TIMEOUT_ABORT_S)
-            raise
-    parsed = parse_generate_answer(answer, rid=rid, url=sent[-1], vocab_size=ctx.vocab_size)
-    if versions.current is not None and parsed.weight_spans:
-        # Across a weight update (or sent just before one): mark tokens made on older KV.
-        marked = versions.mark_kv(
-            parsed.weight_spans, sent_under=sent_under[0], cached_tokens=parsed.cached_tokens
+        return await router.client.post_json(
+            url, GENERATE_PATH, payload, request_id=rid, retry=False
         )
-        if marked != parsed.weight_spans:
-            parsed = replace(parsed, weight_spans=marked)
-    return parsed
 
 
 def apply_answer(sample: Sample, answer: GenerateAnswer) -> None:

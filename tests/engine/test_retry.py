@@ -1,6 +1,9 @@
-"""RetryPolicy and retry_call: only retryable errors are retried, never more than max_attempts."""
+"""RetryPolicy, retry_call and Router.call's loop: only retryable errors are retried, never
+more than max_attempts."""
 
 from __future__ import annotations
+
+import asyncio
 
 import anyio
 import pytest
@@ -8,7 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from miles_lite.engine._retry import retry_call
-from miles_lite.engine.config import RetryPolicy
+from miles_lite.engine.client import EngineClient
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.router import Router
+from miles_lite.engine.transport import MockResponse, MockTransport
 from miles_lite.errors import (
     ClosedResourceError,
     ConfigError,
@@ -147,3 +153,78 @@ def test_policy_rejects_bad_values_naming_the_field(field: str, value: object) -
 def test_policy_rejects_a_cap_below_the_initial_backoff() -> None:
     with pytest.raises(ConfigError, match="backoff_max_s"):
         RetryPolicy(backoff_initial_s=1.0, backoff_max_s=0.5)
+
+
+def test_retry_delay_is_the_backoff_while_tries_remain_and_none_after() -> None:
+    policy = RetryPolicy(max_attempts=3, backoff_initial_s=0.1, backoff_max_s=1.0, jitter=0.0)
+    refused = OUTCOMES["refused"]
+    assert refused is not None
+    draws: list[int] = []
+
+    def rand() -> float:
+        draws.append(1)
+        return 0.5
+
+    assert policy.retry_delay(1, refused, rand) == pytest.approx(0.1)
+    assert policy.retry_delay(2, refused, rand) == pytest.approx(0.2)
+    assert policy.retry_delay(3, refused, rand) is None  # max_attempts tries made
+    for name in ("reset", "read timeout", "500", "truncated", "closed", "bug"):
+        error = OUTCOMES[name]
+        assert error is not None
+        assert policy.retry_delay(1, error, rand) is None, name
+    assert policy.retry_delay(1, asyncio.CancelledError(), rand) is None
+    assert len(draws) == 2  # the jitter is drawn only when there is a next try
+
+
+URLS = ["http://a:1", "http://b:2", "http://c:3"]
+
+
+@given(
+    outcomes=st.lists(st.sampled_from(sorted(OUTCOMES)), min_size=1, max_size=8),
+    max_attempts=st.integers(min_value=1, max_value=6),
+)
+def test_router_call_retries_what_the_policy_allows_each_time_elsewhere(
+    outcomes: list[str], max_attempts: int
+) -> None:
+    """Router.call's own loop keeps retry_call's rules: only retryable errors, at most
+    max_attempts tries, each retry on an engine that has not failed this call while one
+    is left, and every lease released (nothing left in flight) whatever the outcome."""
+    policy = RetryPolicy(max_attempts=max_attempts, backoff_initial_s=0.0, backoff_max_s=0.0)
+    config = RouterConfig(max_inflight_per_engine=1, health_interval_s=60.0, failure_threshold=100)
+    tried: list[str] = []
+
+    async def fn(url: str) -> str:
+        name = outcomes[min(len(tried), len(outcomes) - 1)]
+        tried.append(url)
+        error = OUTCOMES[name]
+        if error is not None:
+            raise error
+        return name
+
+    async def main() -> str | BaseException:
+        transport = MockTransport(lambda request: MockResponse())  # /health answers 200
+        async with (
+            EngineClient(EngineClientConfig(), transport=transport) as client,
+            Router(URLS, client, config) as router,
+        ):
+            try:
+                return await router.call(fn, policy=policy)
+            except Exception as exc:
+                return exc
+            finally:
+                assert [router.in_flight(url) for url in URLS] == [0, 0, 0]
+
+    result = anyio.run(main)
+    assert 1 <= len(tried) <= max_attempts
+    names = [outcomes[min(i, len(outcomes) - 1)] for i in range(len(tried))]
+    for i, name in enumerate(names[:-1]):
+        error = OUTCOMES[name]
+        assert error is not None and policy.should_retry(error)
+        if i + 1 < len(URLS):
+            assert tried[i + 1] not in tried[: i + 1]  # an engine that has not failed yet
+    last = OUTCOMES[names[-1]]
+    if last is None:
+        assert result == "ok"
+    else:
+        assert result is last
+        assert not policy.should_retry(last) or len(tried) == max_attempts
