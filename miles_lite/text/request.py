@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from miles_lite.engine.response import RawResponse
 from miles_lite.errors import EngineTimeoutError
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.spans import UnitSpan
-from miles_lite.sglang.generate_wire import GENERATE_PATH, GenerateAnswer, parse_generate_answer
+from miles_lite.sglang.generate_wire import GENERATE_PATH, GenerateAnswer, decode_generate_answer
 from miles_lite.text.context import TextContext
 from miles_lite.types import Sample
 
@@ -58,7 +59,7 @@ async def post_generate(
                 # connection: stop the generation there.
                 await ctx.router.abort_request(send.url, rid, timeout_s=_TIMEOUT_ABORT_S)
             raise
-    parsed = parse_generate_answer(answer, rid=rid, url=send.url, vocab_size=ctx.vocab_size)
+    parsed = decode_generate_answer(answer.body, rid=rid, url=send.url, vocab_size=ctx.vocab_size)
     versions = ctx.router.versions
     if versions.current is not None and parsed.weight_spans:
         # Across a weight update (or sent just before one): mark tokens made on older KV.
@@ -90,7 +91,7 @@ class _Send:
         self.url: str | None = None
         self.version: str | None = None
 
-    async def __call__(self, url: str) -> Any:
+    async def __call__(self, url: str) -> RawResponse:
         run, rid, payload = self.run, self.rid, self.payload
         # Checked after the slot is taken: a request still waiting at the stop is never
         # sent (it would run to its end: the abort went out before it).
@@ -111,9 +112,7 @@ class _Send:
             span.engine = url
             span.requests += 1
             span.leased()
-        return await router.client.post_json(
-            url, GENERATE_PATH, payload, request_id=rid, retry=False
-        )
+        return await router.client.post(url, GENERATE_PATH, payload, request_id=rid, retry=False)
 
 
 def apply_answer(sample: Sample, answer: GenerateAnswer) -> None:
@@ -133,7 +132,11 @@ def apply_answer(sample: Sample, answer: GenerateAnswer) -> None:
     if answer.weight_spans:
         sample.weight_versions.append(answer.weight_spans[-1].version)
         sample.weight_spans.extend(
-            replace(s, start=s.start + offset, end=s.end + offset) for s in answer.weight_spans
+            answer.weight_spans  # immutable: the first request's spans are kept as they are
+            if offset == 0
+            else (
+                replace(s, start=s.start + offset, end=s.end + offset) for s in answer.weight_spans
+            )
         )
     sample.request_id = answer.rid
     sample.status = answer.status

@@ -70,7 +70,8 @@ async def generate(input: GenerateFnInput[TextContext]) -> Sample:
     if run.stopping:
         return _stopped(sample)
     params["max_new_tokens"] = budget
-    images = (sample.multimodal_inputs or {}).get("images")
+    media = sample.multimodal_inputs
+    images = media.get("images") if media else None
     image_data = await image_data_urls(ctx, images) if images else None
     payload = build_generate_payload(sample.tokens, params, seed=sample.seed, image_data=image_data)
     span = input.span
