@@ -66,7 +66,11 @@ class ArenaConfig:
     :class:`ArenaFullError`; a rollout then spills that body to private memory instead
     (slower: its tensors are copied or pickled once) and counts it in
     ``perf/arena_spills``. ``page_bytes`` is the allocation unit (a power of two, at
-    least 4 KiB). ``populate`` maps every page at creation (no page faults later).
+    least 4 KiB). ``populate`` maps the pages at creation, in the main process and in every
+    worker that attaches (no page faults later); ``populate_bytes`` limits that to the
+    arena's first bytes (None: all of it). Allocations take the lowest free pages, so an
+    arena sized with headroom and populated for what a rollout usually holds costs memory
+    only for the headroom it uses (its pages are faulted on first use, then stay).
 
     Usage: ``ArenaConfig(size_bytes=4 << 30)``.
     """
@@ -75,6 +79,7 @@ class ArenaConfig:
     page_bytes: int = 64 << 10
     wait_s: float = 2.0
     populate: bool = True
+    populate_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.page_bytes < 4096 or self.page_bytes & (self.page_bytes - 1):
@@ -89,6 +94,20 @@ class ArenaConfig:
             raise ConfigError("ArenaConfig: more than 16M pages; raise page_bytes")
         if not self.wait_s >= 0:
             raise ConfigError(f"ArenaConfig.wait_s must be >= 0, got {self.wait_s}")
+        if self.populate_bytes is not None and not (
+            type(self.populate_bytes) is int and 0 <= self.populate_bytes <= self.size_bytes
+        ):
+            raise ConfigError(
+                "ArenaConfig.populate_bytes must be None or an int in [0, size_bytes], got "
+                f"{self.populate_bytes!r}"
+            )
+
+    @property
+    def prefault_bytes(self) -> int:
+        """Bytes of the data area pre-faulted at creation."""
+        if not self.populate:
+            return 0
+        return self.size_bytes if self.populate_bytes is None else self.populate_bytes
 
 
 class Lease:
@@ -175,7 +194,7 @@ class Arena(AsyncResource):
         fd = os.memfd_create("miles_lite_arena", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, length)
-            mapping = map_shared(fd, length, config.populate)
+            mapping = map_shared(fd, length, self._data_offset, config.prefault_bytes)
         except BaseException:
             os.close(fd)
             raise
@@ -201,7 +220,7 @@ class Arena(AsyncResource):
             page_bytes=self.config.page_bytes,
             n_pages=self.n_pages,
             data_offset=self._data_offset,
-            populate=self.config.populate,
+            prefault_bytes=self.config.prefault_bytes,
         )
 
     @property

@@ -41,7 +41,8 @@ class ArenaHandle:
     page_bytes: int
     n_pages: int
     data_offset: int
-    populate: bool
+    #: Bytes of the data area the worker pre-faults when it attaches.
+    prefault_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,31 @@ class PageTable:
         self._table.release()
 
 
-def map_shared(fd: int, length: int, populate: bool) -> mmap.mmap:
-    flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
-    return mmap.mmap(fd, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+# Linux 5.14+: fault pages in as if written, without changing them (Python 3.11's mmap
+# module has no name for it).
+_MADV_POPULATE_WRITE = 23
+
+
+def map_shared(fd: int, length: int, data_offset: int, prefault_bytes: int) -> mmap.mmap:
+    """Map the arena's memfd (``length`` bytes) and fault in its page table and the first
+    ``prefault_bytes`` of its data area: a page faulted later costs a trip into the kernel
+    on the hot path, one faulted now costs memory whether it is used or not."""
+    if prefault_bytes >= length - data_offset:
+        return mmap.mmap(fd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=_READ_WRITE)
+    mapping = mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=_READ_WRITE)
+    end = data_offset + prefault_bytes
+    end += -end % mmap.PAGESIZE
+    try:
+        mapping.madvise(_MADV_POPULATE_WRITE, 0, end)
+    except OSError:
+        # An older kernel: read a byte of each page (reading never changes shared bytes
+        # another process may own).
+        view = memoryview(mapping)
+        try:
+            bytes(view[0 : end : mmap.PAGESIZE])
+        finally:
+            view.release()
+    return mapping
+
+
+_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE

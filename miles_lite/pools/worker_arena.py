@@ -31,7 +31,7 @@ class WorkerArena:
         self.handle = handle
         self._fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}", os.O_RDWR | os.O_CLOEXEC)
         length = handle.data_offset + handle.n_pages * handle.page_bytes
-        self._mmap = map_shared(self._fd, length, handle.populate)
+        self._mmap = map_shared(self._fd, length, handle.data_offset, handle.prefault_bytes)
         view = memoryview(self._mmap)
         self._table = PageTable(self._fd, view[: handle.n_pages], handle.page_bytes)
         self._data = view[handle.data_offset :]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
+from miles_lite.pools import arena_pages
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.worker_arena import WorkerArena
 from tests.garbage import collect_garbage
@@ -120,3 +121,66 @@ def test_config_names_the_bad_field() -> None:
         ArenaConfig(page_bytes=1000)
     with pytest.raises(ConfigError, match="size_bytes"):
         ArenaConfig(size_bytes=10, page_bytes=4096)
+    for bad in (-1, 8 << 20, 1.5, True):
+        with pytest.raises(ConfigError, match="populate_bytes"):
+            ArenaConfig(size_bytes=4 << 20, populate_bytes=bad)  # type: ignore[arg-type]
+
+
+MIB = 1 << 20
+
+
+def faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+@pytest.mark.parametrize(
+    ("populate", "populate_bytes", "faulted"),
+    [(True, None, 32 * MIB), (True, 8 * MIB, 8 * MIB), (False, None, 0)],
+)
+@pytest.mark.parametrize("kernel", ["madvise", "older"])
+async def test_memory_is_taken_only_for_the_populated_bytes(
+    populate: bool,
+    populate_bytes: int | None,
+    faulted: int,
+    kernel: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The memfd's allocated bytes (st_blocks) are what was pre-faulted, the page table
+    included; a worker that attaches faults in the same bytes and no more; the headroom
+    past them costs memory only once written. "older": a kernel without
+    MADV_POPULATE_WRITE (an advice it refuses), where pages are touched by reading."""
+    if kernel == "older":
+        monkeypatch.setattr(arena_pages, "_MADV_POPULATE_WRITE", 1 << 20)
+    config = ArenaConfig(size_bytes=32 * MIB, populate=populate, populate_bytes=populate_bytes)
+    async with Arena(config) as arena:
+        fd = arena.handle.fd
+
+        def allocated() -> int:
+            return os.fstat(fd).st_blocks * 512
+
+        table = arena.handle.data_offset
+        assert faulted <= allocated() <= faulted + table
+        worker = WorkerArena(arena.handle, tag=2)
+        assert faulted <= allocated() <= faulted + table
+        # Written through the worker's mapping: the pre-faulted bytes take no page fault,
+        # the rest one a page.
+        alloc = worker.alloc(16 * MIB, timeout_s=1)
+        view = worker.view(alloc)
+        ones = b"\x01" * (4 * MIB)  # written once, so reading it faults nothing
+        before = faults()
+        view[: 4 * MIB] = ones
+        early = faults() - before
+        before = faults()
+        view[12 * MIB : 16 * MIB] = ones
+        late = faults() - before
+        if faulted >= 16 * MIB:
+            assert late < 64
+        else:
+            assert late >= 4 * MIB // os.sysconf("SC_PAGE_SIZE")  # no huge pages for memfd here
+            assert allocated() >= faulted + 4 * MIB
+        if faulted:
+            assert early < 64
+        view.release()
+        arena.adopt(alloc, used_bytes=16 * MIB).release()
