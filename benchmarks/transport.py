@@ -140,8 +140,16 @@ class Workload:
 
 
 def output_mean(samples: list[Sample]) -> list[float]:
-    """The reward of the benchmark: mean of the generated output (cheap, real tensor work)."""
-    return [float(s.generated_output.float().mean()) for s in samples]  # type: ignore[union-attr]
+    """The reward of the benchmark: mean of the generated output (cheap, real tensor work),
+    summed in float32 a chunk at a time: ``.float().mean()`` (or ``mean(dtype=...)``)
+    makes a float32 copy of the whole latent, 300 MB per reward worker for LTX's."""
+    return [_mean(s.generated_output) for s in samples]  # type: ignore[arg-type]
+
+
+def _mean(tensor: torch.Tensor) -> float:
+    flat = tensor.reshape(-1)
+    total = sum(float(chunk.sum(dtype=torch.float32)) for chunk in flat.split(1 << 20))
+    return total / max(flat.numel(), 1)
 
 
 @dataclass
@@ -152,6 +160,8 @@ class Measure:
     cpu_s: float = 0.0
     lags_ms: list[float] = field(default_factory=list)
     peak_client_gb: float = 0.0
+    #: The client processes' PSS when the rollout started (the previous one's let go).
+    start_client_gb: float = 0.0
     peak_engines_gb: float = 0.0
     parser_depth: float | None = None
     handoff_gbps: float | None = None
@@ -169,6 +179,7 @@ class MemorySampler:
     def __init__(self, engine_pids: set[int]) -> None:
         self.engine_pids = engine_pids
         self.peak_client = 0
+        self.start_client: int | None = None
         self.peak_engines = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -194,6 +205,8 @@ class MemorySampler:
                     engines += pss
                 else:
                     client += pss
+            if self.start_client is None:
+                self.start_client = client
             self.peak_client = max(self.peak_client, client)
             self.peak_engines = max(self.peak_engines, engines)
             self._stop.wait(0.05)
@@ -263,6 +276,7 @@ async def measured_rollout(
         cpu_s=cpu,
         lags_ms=lags,
         peak_client_gb=memory.peak_client / 1e9,
+        start_client_gb=(memory.start_client or 0) / 1e9,
         peak_engines_gb=memory.peak_engines / 1e9,
         parser_depth=result.metrics.get("perf/parser_max_queue_depth"),
         failed=len(result.failed),
@@ -282,14 +296,12 @@ async def measured_rollout(
 
 
 async def run_mode(
-    name: str, work: Workload, urls: list[str], engine_pids: set[int], arena_bytes: int
+    name: str, work: Workload, urls: list[str], engine_pids: set[int], arena: ArenaConfig
 ) -> Measure:
     mode = MODES.get(name, {"wire": "msgpack", "transport": "pool", "fetch_in_parser": False})
     prompts = [f"prompt {i}" for i in range(work.prompts)]
     client = EngineClientConfig(read_timeout_s=600, retry=RetryPolicy(max_attempts=1))
-    parser = ParserPoolConfig(
-        workers=work.parser_workers, arena=ArenaConfig(size_bytes=arena_bytes)
-    )
+    parser = ParserPoolConfig(workers=work.parser_workers, arena=arena)
     config = dataclasses.replace(
         work.rollout_config(mode),
         # One more request queued per slot, as SGLang's scheduler would hold it: a slot
@@ -312,6 +324,7 @@ async def run_mode(
     best.rollout_time = min(m.rollout_time for m in runs)
     best.cpu_s = min(m.cpu_s for m in bare)
     best.peak_client_gb = max(r.peak_client_gb for r in instrumented)
+    best.start_client_gb = max(r.start_client_gb for r in instrumented)
     best.peak_engines_gb = max(r.peak_engines_gb for r in instrumented)
     # Counters, not timings: the worst rollout of the mode is what it must answer for.
     best.spills = max(m.spills for m in runs)
@@ -319,20 +332,22 @@ async def run_mode(
     return best
 
 
-def arena_bytes(name: str, work: Workload) -> int:
+def arena_config(name: str, work: Workload) -> ArenaConfig:
     """Room for a whole rollout's tensors (the benchmark keeps them, as a trainer would).
 
     base64/JSON bodies are a third larger than their tensors and shrink once decoded in
     place, leaving holes that later bodies do not fit: give json-pool half as much again.
     json-inline decodes out of the arena into private memory: its arena holds only the
-    bodies in flight.
+    bodies in flight. The msgpack modes pre-fault one rollout's bodies; the headroom past
+    them is faulted only if used.
     """
     total = work.rollout_bytes()
     if name == "json-inline":
         body = math.ceil(work.sample_bytes() * work.microgroup_size * 4 / 3)
-        return int(work.in_flight * body * 1.1) + (64 << 20)
-    extra = total // 2 if MODES.get(name, {}).get("wire") == "json" else 0
-    return int(total * 1.1) + extra + (64 << 20)
+        return ArenaConfig(size_bytes=int(work.in_flight * body * 1.1) + (64 << 20))
+    if MODES.get(name, {}).get("wire") == "json":
+        return ArenaConfig(size_bytes=int(total * 1.6) + (64 << 20))
+    return ArenaConfig(size_bytes=int(total * 1.1) + (64 << 20), populate_bytes=total)
 
 
 def run_with_engines(name: str, work: Workload) -> Measure:
@@ -342,7 +357,7 @@ def run_with_engines(name: str, work: Workload) -> Measure:
     load = os.getloadavg()[0]
     with EngineProcessGroup(configs) as group:
         pids = {p.pid for p in group.processes if p.pid is not None}
-        m = run_sync(run_mode, name, work, group.urls, pids, arena_bytes(name, work))
+        m = run_sync(run_mode, name, work, group.urls, pids, arena_config(name, work))
     m.load = (load, os.getloadavg()[0])
     return m
 
@@ -435,6 +450,8 @@ def report(
                 "loop_lag_p99_ms": percentile(m.lags_ms, 0.99),
                 "loop_lag_max_ms": max(m.lags_ms, default=float("nan")),
                 "peak_client_gb": m.peak_client_gb,
+                "client_gb_at_start": m.start_client_gb,
+                "peak_client_over_kept": m.peak_client_gb / m.gb if m.gb else float("nan"),
                 "peak_engines_gb": m.peak_engines_gb,
                 "parser_max_queue_depth": m.parser_depth,
                 "handoff_gbps_median": m.handoff_gbps,
