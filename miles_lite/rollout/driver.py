@@ -1,11 +1,15 @@
 """The rollout driver every kind of rollout runs on.
 
 Prompt groups come in; each group is cut into units of work (a microgroup for diffusion,
-one sample for text) and every unit is a task in one anyio task group: generate, then
-score at once in a reward pool. The per-engine in-flight bound is the router's (a unit
-waits for a free engine slot inside its generate function), so it holds across rollouts
-sharing the engines. Once a group is whole, ``group_reward`` scores it and the dynamic
-filters keep or drop it, with a reason.
+one sample for text), and workers in one anyio task group run them: generate, then score
+at once in a reward pool. A worker that ends a unit takes the next one handed out, or
+waits idle for it; a new worker starts only when none is idle, so there are never more
+workers than units running at once, and a unit costs a hand-over, not a task (an anyio
+task, with its cancel scope, event and wrapper coroutine, costs four times an asyncio
+one). The per-engine in-flight bound is the router's (a unit waits for a free engine slot
+inside its generate function), so it holds across rollouts sharing the engines. Once a
+group is whole, ``group_reward`` scores it and the dynamic filters keep or drop it, with a
+reason.
 
 Oversampling and early stop (miles' ``rollout_batch_size`` / ``over_sampling_batch_size``):
 groups start in batches while fewer than ``target`` are kept or running; once ``target``
@@ -29,6 +33,7 @@ group (dropped, or started again) or asks for the early stop.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -48,6 +53,10 @@ from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.spans import RunTimes, UnitSpan, span_metrics
 from miles_lite.types import Sample, SampleStatus
+
+#: A unit handed to a worker: (group index, unit index, its samples, its span). A unit
+#: index of -1 (an empty group) ends the group at once.
+_Job = tuple[int, int, list[Sample], UnitSpan | None]
 
 __all__ = ["Driver", "RolloutKind"]
 
@@ -163,6 +172,11 @@ class _Run:
         self.hooks = hooks
         self.restarts: deque[int] = deque()  # refused groups to start again
         self.over = False  # the result is made: refusals change nothing
+        self.unfinished: dict[int, int] = {}  # units of each started group still running
+        # Workers waiting for a unit: an asyncio future each, the leanest wait there is (an
+        # anyio or asyncio Event is a future plus a deque and a lock).
+        self.idle: list[asyncio.Future[_Job | None]] = []
+        self.closing = False  # no unit comes any more: idle workers end
 
     async def execute(self) -> RolloutResult:
         t0 = self.start_time = time.monotonic()
@@ -180,6 +194,7 @@ class _Run:
                         if self.hooks is not None:
                             self.hooks.attach(self)
                         await self._schedule(tg)
+                        self._release_workers()
                     finally:
                         if not self.stopping.is_set() and self.active:
                             # Cancelled from outside: still stop the engines' work.
@@ -247,12 +262,60 @@ class _Run:
 
     def _start(self, tg: Any) -> None:
         index = self._next()
-        size = self.started_sizes[index] = len(self.groups[index])
+        group = self.groups[index]
+        size = self.started_sizes[index] = len(group)
         self.started_samples += size
         self.active += 1
         if self.hooks is not None:
             self.hooks.started(index)
-        tg.start_soon(self._run_group, index)
+        units = self.kind.units(group)
+        # Units write what they made here, so a group stopped early keeps the samples its
+        # generate functions returned (they may be new objects) with their partial output.
+        self.outputs[index] = [list(u) for u in units]
+        self.unfinished[index] = len(units)
+        if not units:
+            self._hand_out(tg, (index, -1, [], None))
+        for u, unit in enumerate(units):
+            span = UnitSpan(group_index=index, unit_index=u, size=len(unit))
+            self.spans.append(span)
+            self._hand_out(tg, (index, u, unit, span))
+
+    def _hand_out(self, tg: Any, job: _Job) -> None:
+        """Give ``job`` to an idle worker, or to a new one when none is idle."""
+        while self.idle:
+            waiter = self.idle.pop()
+            if not waiter.done():  # else its worker was cancelled
+                waiter.set_result(job)
+                return
+        tg.start_soon(self._work, job)
+
+    async def _work(self, job: _Job | None) -> None:
+        """A worker: runs the units it is handed (and ends the groups they complete),
+        waiting idle between them, until the run needs no more units."""
+        while job is not None:
+            index, u, unit, span = job
+            if span is not None:
+                await self._run_unit(unit, span, self.outputs[index], u)
+            if u < 0 or self._unit_done(index):
+                await self._end_group(index)
+            if self.closing:
+                return
+            waiter = asyncio.get_running_loop().create_future()
+            self.idle.append(waiter)
+            job = await waiter
+
+    def _unit_done(self, index: int) -> bool:
+        """Count a unit of group ``index`` as ended; True when it was the group's last."""
+        left = self.unfinished[index] = self.unfinished[index] - 1
+        return left == 0
+
+    def _release_workers(self) -> None:
+        """The run is over: idle workers end (a unit still running ends its worker)."""
+        self.closing = True
+        while self.idle:
+            waiter = self.idle.pop()
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _fits(self) -> bool:
         """Whether the next group may start under ``max_started_samples``."""
@@ -304,18 +367,9 @@ class _Run:
         self.stop_time = time.monotonic() - t0
         tg.cancel_scope.cancel()
 
-    async def _run_group(self, index: int) -> None:
-        group = self.groups[index]
-        units = self.kind.units(group)
-        # Units write what they made here, so a group stopped early keeps the samples its
-        # generate functions returned (they may be new objects) with their partial output.
-        outputs: list[list[Sample]] = [list(u) for u in units]
-        self.outputs[index] = outputs
-        async with anyio.create_task_group() as tg:
-            for u, unit in enumerate(units):
-                span = UnitSpan(group_index=index, unit_index=u, size=len(unit))
-                self.spans.append(span)
-                tg.start_soon(self._run_unit, unit, span, outputs, u)
+    async def _end_group(self, index: int) -> None:
+        """Group ``index``'s units have all ended: score it whole, filter it, count it."""
+        del self.unfinished[index]
         if self.stopping.is_set():
             return
         whole = self._whole(index)

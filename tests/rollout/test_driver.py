@@ -270,3 +270,39 @@ async def test_groups_start_as_earlier_ones_finish_under_max_started_samples() -
     assert len(big.samples) == 6
     with pytest.raises(ValueError, match="max_started_samples"):
         Driver(kind, Scorer({}, reward=None, group_reward=None), max_started_samples=0)
+
+
+async def test_units_run_on_reused_workers_not_a_task_each() -> None:
+    """A unit is handed to an idle worker; a new one starts only when none is idle: a
+    run of 240 units, at most 8 samples started at once, creates at most 8 tasks (it
+    made a task per group and per unit: 301). An empty group ends at once, kept empty."""
+    import asyncio
+
+    created = 0
+    loop = asyncio.get_running_loop()
+
+    def counting_factory(
+        loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any
+    ) -> asyncio.Task[Any]:
+        nonlocal created
+        created += 1
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    kind = Kind(lambda s: 0.001 * (s.index % 3))
+    driver = Driver(
+        kind,
+        Scorer({"r": Pool("r", by_index)}, reward="r", group_reward=None),
+        max_started_samples=8,
+    )
+    groups = groups_of([f"p{i}" for i in range(60)], n=4)
+    groups.insert(7, [])
+    previous = loop.get_task_factory()
+    loop.set_task_factory(counting_factory)
+    try:
+        result = await driver.run(groups)
+    finally:
+        loop.set_task_factory(previous)
+    assert len(result.groups) == 61 and [] in result.groups
+    assert sorted(kind.sent) == list(range(240))
+    assert all(s.reward == float(s.index) for s in result.samples)
+    assert created <= 8
