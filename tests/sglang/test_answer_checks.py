@@ -33,11 +33,17 @@ def changed(answer: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     """A copy of ``answer`` with ``meta_info.<path>`` (dots and list indices) set."""
     out = copy.deepcopy(answer)
     node: Any = out["meta_info"]
-    keys = [int(k) if k.isdigit() else k for k in path.split(".")]
+    keys = path.split(".")
     for key in keys[:-1]:
-        node = node[key]
-    node[keys[-1]] = value
+        node = node[_place(node, key)]
+    node[_place(node, keys[-1])] = value
     return out
+
+
+def _place(node: Any, key: str) -> Any:
+    """A digit is a list index; in an object (an earlier change may have put one where a
+    list was) it stays a string key, as every key JSON can carry."""
+    return int(key) if isinstance(node, list) and key.isdigit() else key
 
 
 @pytest.mark.parametrize(
