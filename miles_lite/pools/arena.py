@@ -43,6 +43,7 @@ import anyio
 import numpy as np
 
 from miles_lite._core.resources import AsyncResource
+from miles_lite._core.validate import check_int
 from miles_lite.errors import ArenaFullError, ConfigError
 from miles_lite.pools.arena_pages import (
     PARENT,
@@ -94,12 +95,11 @@ class ArenaConfig:
             raise ConfigError("ArenaConfig: more than 16M pages; raise page_bytes")
         if not self.wait_s >= 0:
             raise ConfigError(f"ArenaConfig.wait_s must be >= 0, got {self.wait_s}")
-        if self.populate_bytes is not None and not (
-            type(self.populate_bytes) is int and 0 <= self.populate_bytes <= self.size_bytes
-        ):
+        check_int("ArenaConfig", "populate_bytes", self.populate_bytes, minimum=0, optional=True)
+        if self.populate_bytes is not None and self.populate_bytes > self.size_bytes:
             raise ConfigError(
-                "ArenaConfig.populate_bytes must be None or an int in [0, size_bytes], got "
-                f"{self.populate_bytes!r}"
+                f"ArenaConfig.populate_bytes must be <= size_bytes ({self.size_bytes}), got "
+                f"{self.populate_bytes}"
             )
 
     @property

@@ -132,6 +132,7 @@ class PageTable:
 # Linux 5.14+: fault pages in as if written, without changing them (Python 3.11's mmap
 # module has no name for it).
 _MADV_POPULATE_WRITE = 23
+_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE
 
 
 def map_shared(fd: int, length: int, data_offset: int, prefault_bytes: int) -> mmap.mmap:
@@ -154,6 +155,3 @@ def map_shared(fd: int, length: int, data_offset: int, prefault_bytes: int) -> m
         finally:
             view.release()
     return mapping
-
-
-_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE

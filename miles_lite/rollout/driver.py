@@ -54,8 +54,8 @@ from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.spans import RunTimes, UnitSpan, span_metrics
 from miles_lite.types import Sample, SampleStatus
 
-#: A unit handed to a worker: (group index, unit index, its samples, its span). A unit
-#: index of -1 (an empty group) ends the group at once.
+#: A unit handed to a worker: (group index, unit index, its samples, its span). No span
+#: (an empty group): the group ends at once.
 _Job = tuple[int, int, list[Sample], UnitSpan | None]
 
 __all__ = ["Driver", "RolloutKind"]
@@ -282,12 +282,17 @@ class _Run:
 
     def _hand_out(self, tg: Any, job: _Job) -> None:
         """Give ``job`` to an idle worker, or to a new one when none is idle."""
+        if not self._wake_idle(job):
+            tg.start_soon(self._work, job)
+
+    def _wake_idle(self, job: _Job | None) -> bool:
+        """Hand ``job`` to an idle worker (None: it ends); False when none is idle."""
         while self.idle:
             waiter = self.idle.pop()
             if not waiter.done():  # else its worker was cancelled
                 waiter.set_result(job)
-                return
-        tg.start_soon(self._work, job)
+                return True
+        return False
 
     async def _work(self, job: _Job | None) -> None:
         """A worker: runs the units it is handed (and ends the groups they complete),
@@ -296,7 +301,8 @@ class _Run:
             index, u, unit, span = job
             if span is not None:
                 await self._run_unit(unit, span, self.outputs[index], u)
-            if u < 0 or self._unit_done(index):
+                self.unfinished[index] -= 1
+            if self.unfinished[index] == 0:  # its last unit (or an empty group)
                 await self._end_group(index)
             if self.closing:
                 return
@@ -304,18 +310,11 @@ class _Run:
             self.idle.append(waiter)
             job = await waiter
 
-    def _unit_done(self, index: int) -> bool:
-        """Count a unit of group ``index`` as ended; True when it was the group's last."""
-        left = self.unfinished[index] = self.unfinished[index] - 1
-        return left == 0
-
     def _release_workers(self) -> None:
         """The run is over: idle workers end (a unit still running ends its worker)."""
         self.closing = True
-        while self.idle:
-            waiter = self.idle.pop()
-            if not waiter.done():
-                waiter.set_result(None)
+        while self._wake_idle(None):
+            pass
 
     def _fits(self) -> bool:
         """Whether the next group may start under ``max_started_samples``."""
