@@ -1,4 +1,6 @@
-"""Reading a response body from a transport's stream into a buffer, piece by piece.
+"""Reading a response body of unknown length from a transport's stream, piece by piece,
+and the checks on the buffer a body of known length is read into (the stream's
+``read_into`` fills it).
 
 Each ``read(n)`` returns at most ``n`` bytes already received (aiohttp pauses the socket
 above about two read buffers), so the loop never copies more than a few MiB between two
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
     from miles_lite.engine.response import BodyBuffer
     from miles_lite.engine.transport import ResponseStream
 
-__all__ = ["EXCERPT_BYTES", "fill_view", "read_all_chunks", "read_excerpt", "writable_bytes"]
+__all__ = ["EXCERPT_BYTES", "read_all_chunks", "read_excerpt", "writable_bytes"]
 
 #: Bytes of a non-2xx answer kept in EngineStatusError.body_excerpt.
 EXCERPT_BYTES = 512
@@ -47,27 +49,6 @@ def writable_bytes(
             f"body allocator returned {view.nbytes} bytes for a body of {nbytes} bytes", **where
         )
     return view[:nbytes]
-
-
-async def fill_view(
-    stream: ResponseStream, view: memoryview, chunk_bytes: int, progress: Progress
-) -> None:
-    """Copy the body into ``view`` until it is full or the body ends.
-
-    ``progress.received`` follows every chunk. Stops early (without error) at the end of
-    the body; the caller compares ``progress.received`` with ``len(view)``. The stream's
-    (translated) errors propagate.
-    """
-    nbytes = len(view)
-    pos = 0
-    while pos < nbytes:
-        chunk = await stream.read(min(chunk_bytes, nbytes - pos))
-        if not chunk:
-            return
-        end = pos + len(chunk)
-        view[pos:end] = chunk
-        pos = end
-        progress.received = pos
 
 
 async def read_all_chunks(

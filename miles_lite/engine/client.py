@@ -20,7 +20,7 @@ import anyio.to_thread
 from miles_lite._core import json as _json
 from miles_lite._core.resources import AsyncResource
 from miles_lite._core.validate import check_seconds
-from miles_lite.engine._body import fill_view, read_all_chunks, read_excerpt, writable_bytes
+from miles_lite.engine._body import read_all_chunks, read_excerpt, writable_bytes
 from miles_lite.engine._errors import (
     Attempt,
     Failure,
@@ -33,7 +33,7 @@ from miles_lite.engine._retry import retry_call
 from miles_lite.engine._routing import route_headers
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_fresh
-from miles_lite.engine.transport import AiohttpTransport, AsyncTransport, Request
+from miles_lite.engine.transport import AiohttpTransport, AsyncTransport, Request, ResponseStream
 from miles_lite.errors import BodyTooLargeError, EngineError, EngineProtocolError
 
 __all__ = ["EngineClient", "EngineClientStatistics"]
@@ -316,7 +316,7 @@ class EngineClient(AsyncResource):
                 stream.close()
 
     async def _read_body(
-        self, stream: Any, where: Attempt, into: BodyAllocator
+        self, stream: ResponseStream, where: Attempt, into: BodyAllocator
     ) -> tuple[object, memoryview]:
         config = self._config
         limit = config.max_body_bytes
@@ -337,7 +337,7 @@ class EngineClient(AsyncResource):
                 return None, memoryview(b"")
             owner = await into(length)
             view = writable_bytes(owner, length, url=url, request_id=request_id)
-            await fill_view(stream, view, chunk_bytes, progress)
+            await stream.read_into(view)
             if progress.received < length:
                 raise engine_error(Failure.TRUNCATED, where, "the body ended early")
             return owner, view

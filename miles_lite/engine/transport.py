@@ -1,16 +1,23 @@
 """The seam between the engine client and HTTP: one exchange at a time, errors translated.
 
 :class:`AsyncTransport` sends one request and gives back a :class:`ResponseStream` whose
-body is read piece by piece; every failure arrives already translated
-(:mod:`miles_lite.engine._errors`). :class:`AiohttpTransport` is the real one;
-:class:`MockTransport` answers from a handler function, for unit tests of the client and
-the router without a server (httpx's ``MockTransport``).
+body is read piece by piece, or straight into the caller's buffer; every failure arrives
+already translated (:mod:`miles_lite.engine._errors`). :class:`AiohttpTransport` is the
+real one; :class:`MockTransport` answers from a handler function, for unit tests of the
+client and the router without a server (httpx's ``MockTransport``).
+
+A large body (:data:`IN_PLACE_MIN_BYTES` or more still to come) is received by the socket
+straight into the caller's buffer: once aiohttp has parsed the head, the connection's
+transport is handed a buffered protocol whose buffer is the caller's view (``recv_into``),
+so no bytes object is made and copied per read. Its connection is closed afterwards (its
+HTTP parser was bypassed); smaller bodies keep aiohttp's path and their connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -19,10 +26,11 @@ import aiohttp
 import anyio
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from miles_lite.engine._errors import Attempt, Failure, Timeouts, engine_error
+from miles_lite.engine._errors import Attempt, Failure, Progress, Timeouts, engine_error
 from miles_lite.engine.config import EngineClientConfig
 
 __all__ = [
+    "IN_PLACE_MIN_BYTES",
     "AiohttpTransport",
     "AsyncTransport",
     "MockFailure",
@@ -41,6 +49,11 @@ _MAX_TIMEOUTS = 64
 # decompression pass on the loop.
 _GET_HEADERS = {"Accept-Encoding": "identity"}
 _JSON_HEADERS = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
+#: Bodies with at least this many bytes still to come are received straight into the
+#: caller's buffer, and their connection is closed after: a new loopback connection
+#: (~0.1 ms) is cheap next to copying 4 MiB twice more (aiohttp's read bytes, its parser's
+#: slice, then into the buffer). Text answers stay under it and keep their connection.
+IN_PLACE_MIN_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +110,12 @@ class ResponseStream(Protocol):
     async def read(self, n: int) -> bytes:
         """At most ``n`` body bytes already received (``b""`` at the end); raises
         translated errors (a truncated body, a read timeout)."""
+        ...
+
+    async def read_into(self, view: memoryview) -> int:
+        """Fill ``view`` with the body's next bytes; how many were written, fewer than
+        ``len(view)`` only where the body ended. Counts them in the attempt's progress;
+        raises translated errors. Nothing is written into ``view`` after it returns."""
         ...
 
     def release(self) -> None:
@@ -167,11 +186,20 @@ def _translate(exc: BaseException, attempt: Attempt) -> BaseException:
 
 
 class _AiohttpStream:
-    __slots__ = ("_attempt", "_response")
+    __slots__ = ("_attempt", "_in_place", "_response", "_started", "_transport")
 
-    def __init__(self, response: aiohttp.ClientResponse, attempt: Attempt) -> None:
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        attempt: Attempt,
+        started: float,
+        transport: AiohttpTransport,
+    ) -> None:
         self._response = response
         self._attempt = attempt
+        self._started = started  # time.monotonic() when the request was sent
+        self._transport = transport
+        self._in_place = False
 
     @property
     def status(self) -> int:
@@ -199,11 +227,164 @@ class _AiohttpStream:
         except _AIOHTTP_ERRORS as exc:
             raise _translate(exc, self._attempt) from exc
 
+    async def read_into(self, view: memoryview) -> int:
+        content = self._response.content
+        progress = self._attempt.progress
+        nbytes = len(view)
+        pos = 0
+        try:
+            while pos < nbytes:
+                # What aiohttp already holds first (it never waits); then, for a large
+                # rest, the socket straight into the view.
+                chunk = content.read_nowait(nbytes - pos)
+                if not chunk:
+                    if content.at_eof():
+                        break
+                    if nbytes - pos >= IN_PLACE_MIN_BYTES:
+                        receiver = self._take_connection(view, pos)
+                        if receiver is not None:
+                            return await receiver.receive()
+                    chunk = await content.read(nbytes - pos)
+                    if not chunk:
+                        break
+                end = pos + len(chunk)
+                view[pos:end] = chunk
+                progress.received += end - pos
+                pos = end
+        except _AIOHTTP_ERRORS as exc:
+            raise _translate(exc, self._attempt) from exc
+        return pos
+
+    def _take_connection(self, view: memoryview, pos: int) -> _InPlaceBody | None:
+        """A receiver of the rest of the body into ``view[pos:]`` over this response's
+        connection, or None where the connection cannot be taken (TLS, already closing)."""
+        connection = self._response.connection
+        if connection is None:
+            return None
+        transport, handler = connection.transport, connection.protocol
+        if (
+            not isinstance(transport, asyncio.Transport)
+            or handler is None
+            or transport.is_closing()
+            or transport.get_extra_info("sslcontext") is not None
+        ):
+            return None
+        self._in_place = True  # the connection's parser was bypassed: never reused
+        self._transport.bodies_in_place += 1
+        return _InPlaceBody(transport, handler, view, pos, self._attempt, self._started)
+
     def release(self) -> None:
-        self._response.release()
+        if self._in_place:
+            self._response.close()
+        else:
+            self._response.release()
 
     def close(self) -> None:
         self._response.close()
+
+
+#: Where a detached receiver's socket reads go (none should come: the transport is paused).
+_SCRATCH = bytearray(1 << 16)
+
+
+class _InPlaceBody(asyncio.BufferedProtocol):
+    """The rest of one body, received by the socket straight into a view.
+
+    Set as the connection's protocol in place of aiohttp's ``handler`` (which still gets
+    ``connection_lost``, so aiohttp's bookkeeping ends as for any closed connection). It
+    keeps the exchange's bounds itself: the read timeout (since the last bytes) and the
+    total timeout (since the request was sent). On every way out of :meth:`receive` it
+    stops reading and lets go of the view: nothing is written there afterwards.
+    """
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        handler: asyncio.BaseProtocol,
+        view: memoryview,
+        pos: int,
+        attempt: Attempt,
+        started: float,
+    ) -> None:
+        self._transport = transport
+        self._handler = handler
+        self._view: memoryview | None = view
+        self._pos = pos
+        self._end = len(view)
+        self._attempt = attempt
+        self._progress: Progress = attempt.progress
+        self._loop = asyncio.get_running_loop()
+        self._done: asyncio.Future[None] = self._loop.create_future()
+        timeouts = attempt.timeouts
+        self._read_s = timeouts.read_s
+        self._deadline = None if timeouts.total_s is None else started + timeouts.total_s
+        self._last = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def receive(self) -> int:
+        """Receive until the view is full or the body ends; the bytes written in all."""
+        transport = self._transport
+        transport.set_protocol(self)
+        transport.resume_reading()  # aiohttp pauses it while its own buffer is full
+        self._arm(time.monotonic())
+        try:
+            await self._done
+        finally:
+            self._view = None
+            if self._timer is not None:
+                self._timer.cancel()
+            transport.pause_reading()
+        return self._pos
+
+    # -- the transport's calls -------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        view = self._view
+        return _SCRATCH if view is None else view[self._pos :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._view is None:
+            return
+        self._pos += nbytes
+        self._progress.received += nbytes
+        self._last = time.monotonic()
+        if self._pos >= self._end:
+            self._transport.pause_reading()
+            self._finish(None)
+
+    def eof_received(self) -> bool:
+        self._finish(None)  # short: the caller sees the body ended early
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(None)
+        self._handler.connection_lost(exc)
+
+    # -- bounds ------------------------------------------------------------------------
+
+    def _arm(self, now: float) -> None:
+        due = [self._deadline] if self._deadline is not None else []
+        if self._read_s is not None:
+            due.append(self._last + self._read_s)
+        if due:
+            self._timer = self._loop.call_later(max(0.0, min(due) - now), self._check)
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        if self._deadline is not None and now >= self._deadline:
+            self._finish(engine_error(Failure.TOTAL_TIMEOUT, self._attempt, "total timeout"))
+        elif self._read_s is not None and now - self._last >= self._read_s:
+            self._finish(engine_error(Failure.READ_TIMEOUT, self._attempt, "no body bytes"))
+        else:
+            self._arm(now)
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done.done():
+            return
+        if error is None:
+            self._done.set_result(None)
+        else:
+            self._done.set_exception(error)
 
 
 class AiohttpTransport:
@@ -216,6 +397,8 @@ class AiohttpTransport:
         # One aiohttp timeout object per set of bounds (the client has one, plus a few
         # per control call): made once, not per request.
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
+        #: Bodies received straight into the caller's buffer (see IN_PLACE_MIN_BYTES).
+        self.bodies_in_place = 0
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -245,6 +428,7 @@ class AiohttpTransport:
         headers = _GET_HEADERS if request.body is None else _JSON_HEADERS
         if request.headers:
             headers = {**headers, **request.headers}
+        started = time.monotonic()
         try:
             response = await session.request(
                 attempt.method,
@@ -256,7 +440,7 @@ class AiohttpTransport:
             )
         except _AIOHTTP_ERRORS as exc:
             raise _translate(exc, attempt) from exc
-        return _AiohttpStream(response, attempt)
+        return _AiohttpStream(response, attempt, started, self)
 
     async def aclose(self) -> None:
         """Close the session and its connections (shielded, at most 5 s)."""
@@ -365,6 +549,17 @@ class _MockStream:
         chunk = response.body[self._pos : end]
         self._pos = end
         return chunk
+
+    async def read_into(self, view: memoryview) -> int:
+        pos = 0
+        while pos < len(view):
+            chunk = await self.read(len(view) - pos)
+            if not chunk:
+                break
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+            self._attempt.progress.received += len(chunk)
+        return pos
 
     def release(self) -> None:
         pass

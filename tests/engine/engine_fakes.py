@@ -38,6 +38,8 @@ class Seen:
     path: str
     body: bytes
     headers: dict[str, str]
+    #: The client's port: requests on one connection share it.
+    client_port: int = 0
 
 
 class ScriptedEngine:
@@ -59,7 +61,9 @@ class ScriptedEngine:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.seen.append(Seen(request.method, request.path, body, dict(request.headers)))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        port = peer[1] if peer else 0
+        self.seen.append(Seen(request.method, request.path, body, dict(request.headers), port))
         queue = self.queues[request.path]
         reply = (
             queue.popleft() if queue else self.defaults.get(request.path, Reply(404, b"no route"))
