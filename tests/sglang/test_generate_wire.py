@@ -241,6 +241,9 @@ def test_env_tokens_get_mask_zero_and_log_prob_zero() -> None:
         # Values, not only lengths: what a sample holds is training data.
         ({"tokens": [1, 2.0], "response_length": 1}, "tokens[1] is 2.0"),
         ({"tokens": [1, -4], "response_length": 1}, "tokens[1] is -4"),
+        ({"tokens": [1, True], "response_length": 1}, "tokens[1] is True"),
+        ({"tokens": [1, None, 3], "response_length": 1}, "tokens[1] is None"),
+        ({"tokens": "12", "response_length": 1}, "tokens[0] is '1'"),
         ({"tokens": [1, 2], "response_length": 1, "loss_mask": [2]}, "loss_mask holds [2]"),
         (
             {"tokens": [1, 2], "response_length": 1, "rollout_log_probs": [float("nan")]},
