@@ -270,8 +270,10 @@ class _AiohttpStream:
         ):
             return None
         self._in_place = True  # the connection's parser was bypassed: never reused
-        self._transport.bodies_in_place += 1
-        return _InPlaceBody(transport, handler, view, pos, self._attempt, self._started)
+        owner = self._transport
+        owner.bodies_in_place += 1
+        chunk = owner.config.read_chunk_bytes
+        return _InPlaceBody(transport, handler, view, pos, chunk, self._attempt, self._started)
 
     def release(self) -> None:
         if self._in_place:
@@ -293,7 +295,8 @@ class _InPlaceBody(asyncio.BufferedProtocol):
     Set as the connection's protocol in place of aiohttp's ``handler`` (which still gets
     ``connection_lost``, so aiohttp's bookkeeping ends as for any closed connection). It
     keeps the exchange's bounds itself: the read timeout (since the last bytes) and the
-    total timeout (since the request was sent). On every way out of :meth:`receive` it
+    total timeout (since the request was sent). Each socket read takes at most ``chunk``
+    bytes (the client's ``read_chunk_bytes``), so one callback never holds the loop long. On every way out of :meth:`receive` it
     stops reading and lets go of the view: nothing is written there afterwards.
     """
 
@@ -303,10 +306,12 @@ class _InPlaceBody(asyncio.BufferedProtocol):
         handler: asyncio.BaseProtocol,
         view: memoryview,
         pos: int,
+        chunk: int,
         attempt: Attempt,
         started: float,
     ) -> None:
         self._transport = transport
+        self._chunk = chunk
         self._handler = handler
         self._view: memoryview | None = view
         self._pos = pos
@@ -340,7 +345,9 @@ class _InPlaceBody(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
         view = self._view
-        return _SCRATCH if view is None else view[self._pos :]
+        if view is None:
+            return _SCRATCH
+        return view[self._pos : self._pos + self._chunk]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._view is None:
@@ -399,6 +406,11 @@ class AiohttpTransport:
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
         #: Bodies received straight into the caller's buffer (see IN_PLACE_MIN_BYTES).
         self.bodies_in_place = 0
+
+    @property
+    def config(self) -> EngineClientConfig:
+        """The settings this transport was made with."""
+        return self._config
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
+from miles_lite.engine import transport as transport_module
 from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.engine.response import FreshBuffer
@@ -162,3 +163,23 @@ async def test_a_cancelled_read_closes_its_connection_and_writes_nothing_after(
         engine.script("/rollout/generate", Reply(body=body, pieces=3))
         answer = await engine_client.post(engine.url, "/rollout/generate", {}, into=into)
         assert answer.body == body and transport.bodies_in_place == 2
+
+
+async def test_each_socket_read_takes_at_most_read_chunk_bytes(
+    engine: ScriptedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[int] = []
+    real = transport_module._InPlaceBody.buffer_updated
+
+    def counted(self: transport_module._InPlaceBody, nbytes: int) -> None:
+        reads.append(nbytes)
+        real(self, nbytes)
+
+    monkeypatch.setattr(transport_module._InPlaceBody, "buffer_updated", counted)
+    body = pattern(BIG)
+    engine.script("/rollout/generate", Reply(body=body, pieces=2))
+    engine_client, transport = client(read_chunk_bytes=64 << 10)
+    async with engine_client:
+        raw = await engine_client.post(engine.url, "/rollout/generate", {})
+    assert raw.body == body and transport.bodies_in_place == 1
+    assert max(reads) <= 64 << 10 and sum(reads) > BIG // 2  # most of it came in place
