@@ -41,6 +41,7 @@ class TextContext:
     vocab_size: int | None = None
     tokenize_threads: int = 1
     _payload: dict[str, Any] = field(init=False, repr=False)
+    _mutable_keys: tuple[str, ...] = field(init=False, repr=False)
     _limiter: anyio.CapacityLimiter | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -49,10 +50,16 @@ class TextContext:
         check_int("TextContext", "vocab_size", self.vocab_size, optional=True)
         # Built once: the sampling params were checked when made.
         self._payload = self.sampling.to_payload()
+        self._mutable_keys = tuple(
+            k for k, v in self._payload.items() if type(v) is list or type(v) is dict
+        )
 
     def sampling_params(self) -> dict[str, Any]:
-        """A fresh copy of the default ``sampling_params`` (its lists copied too)."""
-        return {k: list(v) if type(v) is list else v for k, v in self._payload.items()}
+        """A fresh copy of the default ``sampling_params`` (its lists and dicts copied too)."""
+        params = self._payload.copy()
+        for key in self._mutable_keys:
+            params[key] = params[key].copy()
+        return params
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` (tokenizing, chat templating) in a worker thread.

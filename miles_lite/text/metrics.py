@@ -82,12 +82,15 @@ def _weight_versions(samples: list[Sample]) -> dict[str, float]:
     seen = [s.weight_versions for s in samples if s.weight_versions]
     if not seen:
         return {}
+    distinct = {v for vs in seen for v in vs}
     metrics = {
-        "rollout/weight_version/distinct": float(len({v for vs in seen for v in vs})),
+        "rollout/weight_version/distinct": float(len(distinct)),
         "rollout/weight_version/mixed_version_ratio": sum(len(set(vs)) > 1 for vs in seen)
         / len(seen),
     }
-    numeric = [float(v) for vs in seen for v in vs if _is_number(v)]
+    # Over the distinct versions: a version that is not a number is tried once, not once
+    # per sample.
+    numeric = [float(v) for v in distinct if _is_number(v)]
     if numeric:
         metrics["rollout/weight_version/min"] = min(numeric)
         metrics["rollout/weight_version/max"] = max(numeric)

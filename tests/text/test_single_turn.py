@@ -251,3 +251,20 @@ async def test_the_truncation_reason_says_what_ran_out(text_state: OpenState) ->
     assert full.status is SampleStatus.TRUNCATED
     assert full.status_reason == "context_full"
     assert engine.stats.requests == []
+
+
+def test_each_request_gets_its_own_sampling_params_lists_and_dicts_included() -> None:
+    from miles_lite.sglang.sampling import TextSamplingParams
+    from miles_lite.text.context import TextContext
+
+    sampling = TextSamplingParams(
+        stop=["</s>"], stop_token_ids=[7], extra={"logit_bias": {"3": 1.0}}
+    )
+    context = TextContext(tokenizer=None, router=None, sampling=sampling)  # type: ignore[arg-type]
+    first, second = context.sampling_params(), context.sampling_params()
+    first["max_new_tokens"] = 1
+    first["stop"].append("x")
+    first["stop_token_ids"].append(8)
+    first["logit_bias"]["4"] = 2.0
+    assert second == context.sampling_params() == sampling.to_payload()
+    assert second["stop"] == ["</s>"] and second["stop_token_ids"] == [7]
