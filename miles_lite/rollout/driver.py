@@ -399,8 +399,22 @@ class _Run:
             if self.stopping.is_set():
                 return  # never sent
             self.generating += 1
+            # The kind's generate awaited here, not in a helper coroutine: one coroutine
+            # level less for every response to wake (this runs once per text sample).
             try:
-                out = await self._generate(unit, span)
+                out = await self.kind.generate(unit, span, self.context)
+            except MilesLiteError as exc:
+                out = _failed(unit, span, exc)
+            except Exception as exc:
+                error = GenerateError(f"generate function raised {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                out = _failed(unit, span, error)
+            else:
+                if len(out) == len(unit):
+                    # The driver owns identity: whatever objects come back take the places
+                    # (and the numbers) of the samples they fill.
+                    for made, place in zip(out, unit, strict=True):
+                        made.index, made.group_index = place.index, place.group_index
             finally:
                 self.generating -= 1
                 if self.generating == 0 and self.stopping.is_set():
@@ -412,26 +426,6 @@ class _Run:
         span.reward_start = time.monotonic()
         await self.driver.scorer.score_unit(out, url=span.engine, span=span)
         span.reward_end = time.monotonic()
-
-    async def _generate(self, unit: list[Sample], span: UnitSpan) -> list[Sample]:
-        try:
-            out = await self.kind.generate(unit, span, self.context)
-        except MilesLiteError as exc:
-            error: MilesLiteError = exc
-        except Exception as exc:
-            error = GenerateError(f"generate function raised {type(exc).__name__}: {exc}")
-            error.__cause__ = exc
-        else:
-            if len(out) == len(unit):
-                # The driver owns identity: whatever objects come back take the places
-                # (and the numbers) of the samples they fill.
-                for made, slot in zip(out, unit, strict=True):
-                    made.index, made.group_index = slot.index, slot.group_index
-            return out
-        for sample in unit:
-            sample.fail(error)
-        span.error = str(error)
-        return unit
 
     def _whole(self, index: int) -> list[Sample]:
         """Group ``index`` as its units left it (the input samples if it never started)."""
@@ -513,3 +507,11 @@ def _progress_bar(total: int) -> Any:
     else:
         from tqdm.auto import tqdm
     return tqdm(total=total, unit="sample", desc="rollout", leave=in_kernel)
+
+
+def _failed(unit: list[Sample], span: UnitSpan, error: MilesLiteError) -> list[Sample]:
+    """``unit`` failed with ``error``: every sample FAILED, the span names it."""
+    for sample in unit:
+        sample.fail(error)
+    span.error = str(error)
+    return unit

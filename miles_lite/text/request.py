@@ -9,7 +9,7 @@ the engine's ``meta_info.output_token_logprobs``, never from re-tokenized text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -91,7 +91,10 @@ class _Send:
         self.url: str | None = None
         self.version: str | None = None
 
-    async def __call__(self, url: str) -> RawResponse:
+    def __call__(self, url: str) -> Awaitable[RawResponse]:
+        # Not a coroutine itself: it does its bookkeeping and hands back the client's, one
+        # coroutine level less per request (Router.call awaits the result; _Stopped raised
+        # here is raised inside its try, as an awaited one would be).
         run, rid, payload = self.run, self.rid, self.payload
         # Checked after the slot is taken: a request still waiting at the stop is never
         # sent (it would run to its end: the abort went out before it).
@@ -112,7 +115,7 @@ class _Send:
             span.engine = url
             span.requests += 1
             span.leased()
-        return await router.client.post(url, GENERATE_PATH, payload, request_id=rid, retry=False)
+        return router.client.post(url, GENERATE_PATH, payload, request_id=rid, retry=False)
 
 
 def apply_answer(sample: Sample, answer: GenerateAnswer) -> None:
