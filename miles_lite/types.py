@@ -7,6 +7,7 @@ import functools
 import itertools
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "SampleStatus",
     "SessionInfo",
     "WeightSpan",
+    "checked_token_ids",
 ]
 
 
@@ -223,7 +225,24 @@ def _token_ids(vocab_size: int | None) -> Any:
     return list[Annotated[int, bound]]
 
 
-def _bad_token(tokens: Any, vocab_size: int | None, exc: msgspec.ValidationError) -> str:
+def checked_token_ids(
+    tokens: Sequence[int], vocab_size: int | None = None, *, name: str = "tokens"
+) -> list[int]:
+    """A new list of ``tokens``, checked as :meth:`Sample.validate` checks a sample's
+    (ints, not bools, in ``[0, vocab_size)``), for the price of the copy. Raises
+    :class:`~miles_lite.errors.SampleInvariantError` naming the first bad id (as
+    ``name[i]``)."""
+    try:
+        return msgspec.convert(tokens, _token_ids(vocab_size))  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        from miles_lite.errors import SampleInvariantError
+
+        raise SampleInvariantError(_bad_token(tokens, vocab_size, exc, name)) from None
+
+
+def _bad_token(
+    tokens: Any, vocab_size: int | None, exc: msgspec.ValidationError, name: str = "tokens"
+) -> str:
     """The first token that is not an id, named for the error (``exc``: msgspec's words,
     where no single token is to blame)."""
     bad = next(
@@ -238,8 +257,8 @@ def _bad_token(tokens: Any, vocab_size: int | None, exc: msgspec.ValidationError
         None,
     )
     if bad is None:
-        return f"tokens is not a list of ids in [0, {vocab_size}): {exc}"
-    return f"tokens[{bad[0]}] is {bad[1]!r}, not an id in [0, {vocab_size})"
+        return f"{name} is not a list of ids in [0, {vocab_size}): {exc}"
+    return f"{name}[{bad[0]}] is {bad[1]!r}, not an id in [0, {vocab_size})"
 
 
 def _text_problems(sample: Sample, vocab_size: int | None) -> list[str]:

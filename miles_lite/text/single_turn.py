@@ -8,6 +8,11 @@ continues from its tokens with what is left of its budget. A sample with no room
 never sent: it ends TRUNCATED with ``status_reason`` ``"prompt_too_long"`` (the prompt
 fills the context), ``"context_full"`` (prompt and output do) or ``"budget_spent"``
 (``max_new_tokens`` already generated).
+
+It checks what it is given (the prompt ids as they become ids; a resumed sample as a
+whole, with :meth:`Sample.validate`) and builds the rest from an answer checked as it is
+decoded, so its samples are valid by construction: the text kind does not validate them
+again (it does for every other generate function's).
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ async def generate(input: GenerateFnInput[TextContext]) -> Sample:
     if sample.status not in (SampleStatus.PENDING, SampleStatus.ABORTED):
         return sample  # already finished (carried over by a partial rollout)
     resuming = sample.status is SampleStatus.ABORTED and bool(sample.tokens)
-    if not resuming:
+    if resuming:
+        sample.validate(vocab_size=ctx.vocab_size)  # made elsewhere: checked before it goes on
+    else:
         sample.tokens = await sample_prompt_ids(ctx, sample)
     params = input.sampling_params
     budget = output_budget(ctx, sample, max_new_tokens_of(params))

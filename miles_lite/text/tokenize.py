@@ -8,9 +8,9 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from miles_lite.errors import GenerateError
+from miles_lite.errors import GenerateError, SampleInvariantError
 from miles_lite.text.context import TextContext
-from miles_lite.types import Sample
+from miles_lite.types import Sample, checked_token_ids
 
 __all__ = [
     "encode",
@@ -119,6 +119,10 @@ async def sample_prompt_ids(
       ``sample.multimodal_train_inputs``;
     - given ids (``sample.tokens`` set before any response): sent as they are;
     - otherwise :func:`prompt_ids`. Everything runs off the loop.
+
+    The ids come back as a new list, checked (ints in ``[0, ctx.vocab_size)``): a bad one
+    raises :class:`~miles_lite.errors.SampleInvariantError` naming it, before anything is
+    sent.
     """
     images = (sample.multimodal_inputs or {}).get("images")
     if images:
@@ -131,10 +135,16 @@ async def sample_prompt_ids(
         text = prompt if isinstance(prompt, str) else await render(ctx, prompt, tools)
         ids, train_inputs = await ctx.off_loop(_process, ctx.processor, text, list(images))
         sample.multimodal_train_inputs = train_inputs
-        return ids
-    if sample.tokens and sample.response_length == 0:
-        return list(sample.tokens)
-    return await prompt_ids(ctx, sample.prompt, tools=tools)
+    elif sample.tokens and sample.response_length == 0:
+        ids = sample.tokens
+    else:
+        ids = await prompt_ids(ctx, sample.prompt, tools=tools)
+    try:
+        return checked_token_ids(ids, ctx.vocab_size, name="prompt ids")
+    except SampleInvariantError as exc:
+        raise SampleInvariantError(
+            f"sample {sample.index}: {exc}", request_id=sample.request_id
+        ) from None
 
 
 def _process(processor: Any, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:

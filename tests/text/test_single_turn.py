@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from miles_lite.errors import ConfigError, EngineStatusError, GenerateError, SamplingParamsError
+from miles_lite.errors import (
+    ConfigError,
+    EngineStatusError,
+    GenerateError,
+    SampleInvariantError,
+    SamplingParamsError,
+)
 from miles_lite.testing import TextPolicy, TextStandInConfig
 from miles_lite.text import single_turn
 from miles_lite.text.benchmark import Benchmark
@@ -268,3 +274,39 @@ def test_each_request_gets_its_own_sampling_params_lists_and_dicts_included() ->
     first["logit_bias"]["4"] = 2.0
     assert second == context.sampling_params() == sampling.to_payload()
     assert second["stop"] == ["</s>"] and second["stop_token_ids"] == [7]
+
+
+@pytest.mark.parametrize("bad", [-1, True, None, 2.0, "12", "vocab"])
+async def test_given_prompt_ids_are_checked_before_anything_is_sent(
+    text_state: OpenState, tokenizer: Any, bad: Any
+) -> None:
+    vocab = len(tokenizer)
+    bad = vocab if bad == "vocab" else bad
+    given = [1, 2, bad, 3]
+    async with text_state(vocab_size=vocab) as (state, engine):
+        with pytest.raises(SampleInvariantError) as info:
+            await single_turn.generate(state.input(Sample(index=7, tokens=given)))
+        # A good list is sent as a copy: the caller's list is never extended.
+        good = [1, 2, 3]
+        out = await single_turn.generate(state.input(Sample(tokens=good)))
+    assert f"sample 7: prompt ids[2] is {bad!r}, not an id in [0, {vocab})" in str(info.value)
+    assert [r["input_ids"] for r in engine.stats.requests] == [good]
+    assert good == [1, 2, 3] and out.tokens[:3] == good and out.tokens is not good
+    out.validate(vocab_size=vocab)
+
+
+async def test_a_resumed_sample_is_checked_as_a_whole_before_it_goes_on(
+    text_state: OpenState,
+) -> None:
+    broken = Sample(
+        index=3,
+        tokens=[1, 2, 3, 4],
+        response_length=2,
+        loss_mask=[1],  # one entry short
+        rollout_log_probs=[-0.5, -0.25],
+        status=SampleStatus.ABORTED,
+    )
+    async with text_state() as (state, engine):
+        with pytest.raises(SampleInvariantError, match="sample 3: loss_mask has 1 entries"):
+            await single_turn.generate(state.input(broken))
+    assert engine.stats.requests == []

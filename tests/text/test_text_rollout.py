@@ -179,6 +179,38 @@ async def test_an_engine_400_surfaces_with_sglangs_message(text_rollout: OpenRol
         assert sample.error.__cause__.__traceback__ is not None
 
 
+async def test_a_custom_functions_samples_are_validated_the_defaults_are_valid_as_made(
+    text_rollout: OpenRollout, tokenizer: Any
+) -> None:
+    from miles_lite.errors import SampleInvariantError
+    from miles_lite.text import single_turn
+
+    async def off_by_one(input: GenerateFnInput) -> Any:
+        # A custom function on top of the default one, with a bug: a token that is no id.
+        sample = await single_turn.generate(input)
+        if sample.index % 2:
+            sample.tokens.append(-5)
+        return sample
+
+    async with text_rollout(generate=off_by_one, n_samples_per_prompt=4) as (rollout, _):
+        result = await rollout.run(["What is 2+3?"])
+    for sample in result.samples:
+        if sample.index % 2:
+            assert sample.status is SampleStatus.FAILED
+            assert isinstance(sample.error, SampleInvariantError)
+            assert f"tokens[{len(sample.tokens) - 1}] is -5" in str(sample.error)
+        else:
+            assert sample.status is SampleStatus.COMPLETED
+            sample.validate(vocab_size=len(tokenizer))  # what the kind no longer re-checks
+
+    # The default function's samples are not validated again, and need not be.
+    async with text_rollout(n_samples_per_prompt=4) as (rollout, _):
+        result = await rollout.run(["What is 2+3?", "And 3+4?"])
+    for sample in result.samples:
+        assert sample.status is SampleStatus.COMPLETED
+        sample.validate(vocab_size=len(tokenizer))
+
+
 async def test_a_filter_drops_groups_whose_rewards_agree(text_rollout: OpenRollout) -> None:
     from miles_lite.rewards.text_rewards import math_reward
 
