@@ -180,7 +180,7 @@ async def test_an_engine_400_surfaces_with_sglangs_message(text_rollout: OpenRol
 
 
 async def test_a_custom_functions_samples_are_validated_the_defaults_are_valid_as_made(
-    text_rollout: OpenRollout, tokenizer: Any
+    text_rollout: OpenRollout, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from miles_lite.errors import SampleInvariantError
     from miles_lite.text import single_turn
@@ -204,8 +204,15 @@ async def test_a_custom_functions_samples_are_validated_the_defaults_are_valid_a
             sample.validate(vocab_size=len(tokenizer))  # what the kind no longer re-checks
 
     # The default function's samples are not validated again, and need not be.
+    from miles_lite.types import Sample
+
+    validated: list[int] = []
+    check = Sample.validate
+    monkeypatch.setattr(Sample, "validate", lambda s, **kw: validated.append(s.index))
     async with text_rollout(n_samples_per_prompt=4) as (rollout, _):
         result = await rollout.run(["What is 2+3?", "And 3+4?"])
+    assert validated == []
+    monkeypatch.setattr(Sample, "validate", check)
     for sample in result.samples:
         assert sample.status is SampleStatus.COMPLETED
         sample.validate(vocab_size=len(tokenizer))
