@@ -201,7 +201,7 @@ async def test_a_custom_functions_samples_are_validated_the_defaults_are_valid_a
             assert f"tokens[{len(sample.tokens) - 1}] is -5" in str(sample.error)
         else:
             assert sample.status is SampleStatus.COMPLETED
-            sample.validate(vocab_size=len(tokenizer))  # what the kind no longer re-checks
+            sample.validate(vocab_size=len(tokenizer))
 
     # The default function's samples are not validated again, and need not be.
     from miles_lite.types import Sample
