@@ -15,8 +15,8 @@ import psutil
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from .leaks import leaked_shm, shm_entries
-from .notebook import Notebook, text_of
+from tests.support.leaks import leaked_shm, shm_entries
+from tests.support.notebook import Notebook, text_of
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
 

@@ -19,7 +19,7 @@ from miles_lite.agentic.server import SessionServerConfig
 from miles_lite.engine.config import RouterConfig
 from miles_lite.testing import TextPolicy, TextStandInConfig
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 from .conftest import RULES, Clients, OpenStack
 

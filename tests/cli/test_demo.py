@@ -57,7 +57,7 @@ def test_the_table_shows_a_text_sample_side_by_side(tmp_path: Path) -> None:
 def test_flags_a_generate_function_registers_reach_it_as_options(tmp_path: Path) -> None:
     run = cli(
         "demo", "--diffusion", "--reward", "none", *SMALL, "--out-dir", str(tmp_path),
-        "--custom-generate-function-path", "tests.cli_generate.tagging_generate",
+        "--custom-generate-function-path", "tests.support.cli_generate.tagging_generate",
         "--tag", "from-the-cli",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]

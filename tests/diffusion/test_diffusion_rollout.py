@@ -29,7 +29,7 @@ from miles_lite.rollout.groups import PromptGroup
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.testing import StandInConfig, StandInEngine, synthetic_body, synthetic_sample
 from miles_lite.types import Sample, SampleStatus
-from tests.garbage import collect_garbage
+from tests.support.garbage import collect_garbage
 
 pytestmark = pytest.mark.anyio
 

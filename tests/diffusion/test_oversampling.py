@@ -22,7 +22,7 @@ from miles_lite.pools.reward_pool import RewardPool
 from miles_lite.rollout.filters import FilterResult
 from miles_lite.testing import StandInConfig, StandInEngine
 from miles_lite.types import Sample, SampleStatus
-from tests.garbage import collect_garbage
+from tests.support.garbage import collect_garbage
 
 pytestmark = pytest.mark.anyio
 

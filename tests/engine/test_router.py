@@ -24,7 +24,7 @@ from miles_lite.errors import (
     EngineUnavailableError,
 )
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 if sys.version_info < (3, 11):
     from exceptiongroup import ExceptionGroup

@@ -10,8 +10,8 @@ from miles_lite.errors import ArenaFullError, ClosedResourceError, ConfigError
 from miles_lite.pools import arena_pages
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.worker_arena import WorkerArena
-from tests.garbage import collect_garbage
-from tests.leaks import leaked_shm, shm_entries
+from tests.support.garbage import collect_garbage
+from tests.support.leaks import leaked_shm, shm_entries
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,8 @@ from miles_lite.engine.blocking import BlockingRequest
 from miles_lite.errors import CodecError, EngineProtocolError, EngineStatusError, WorkerCrashedError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
-from tests.garbage import collect_garbage
-from tests.leaks import leaked_shm, shm_entries
+from tests.support.garbage import collect_garbage
+from tests.support.leaks import leaked_shm, shm_entries
 from tests.pools import work
 from tests.pools.bodies import CTYPE, body
 

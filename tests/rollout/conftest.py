@@ -13,7 +13,7 @@ import pytest
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 __all__ = ["OpenScripted", "wait_until"]
 

@@ -20,7 +20,7 @@ from miles_lite.testing import (
     token_logprob,
     wire_shape,
 )
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from miles_lite.errors import EngineTimeoutError
 from miles_lite.sglang.generate_wire import build_generate_payload, new_rid
 from miles_lite.testing import TextPolicy, TextStandInConfig
 from miles_lite.text.request import post_generate
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 from .conftest import OpenState
 
