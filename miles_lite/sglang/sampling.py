@@ -6,7 +6,8 @@ SGLang validates ``sampling_params`` strictly (an unknown key is a 400), so a ty
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -129,6 +130,48 @@ def check_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return dict(params)
 
 
+#: SGLang's ranges of the numeric keys ``extra`` may carry: (what is allowed, the check,
+#: int or float).
+_EXTRA_RANGES: dict[str, tuple[str, Callable[[float], bool], type]] = {
+    "min_p": ("in [0, 1]", lambda v: 0 <= v <= 1, float),
+    "frequency_penalty": ("in [-2, 2]", lambda v: -2 <= v <= 2, float),
+    "presence_penalty": ("in [-2, 2]", lambda v: -2 <= v <= 2, float),
+    "repetition_penalty": ("in [0, 2]", lambda v: 0 <= v <= 2, float),
+    "min_new_tokens": (">= 0", lambda v: v >= 0, int),
+}
+
+
+def _check_number(
+    name: str, value: object, allowed: str, check: Callable[[float], bool], kind: type = float
+) -> None:
+    """A finite number (an int when ``kind`` is int; never a bool) for which ``check``
+    holds; :class:`SamplingParamsError` naming the field, the rule and the value."""
+    kinds = (int,) if kind is int else (int, float)
+    ok = (
+        isinstance(value, kinds)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and check(value)
+    )
+    if not ok:
+        what = "an int" if kind is int else "a finite number"
+        raise SamplingParamsError(
+            f"TextSamplingParams.{name} must be {what} {allowed}, got {value!r}"
+        )
+
+
+def _check_list(name: str, value: object, kind: type) -> None:
+    """None, or a list (or tuple) of ``kind`` (never a bool)."""
+    if value is None:
+        return
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, kind) and not isinstance(v, bool) for v in value
+    ):
+        raise SamplingParamsError(
+            f"TextSamplingParams.{name} must be None or a list of {kind.__name__}, got {value!r}"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class TextSamplingParams:
     """The rollout's default sampling parameters, with miles' defaults.
@@ -150,18 +193,37 @@ class TextSamplingParams:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+        # SGLang's own checks (SamplingParams.verify), here so that a bad value fails when
+        # the object is built, naming the field, instead of every sample (or none) at the
+        # engine; max_new_tokens 0 is refused too: a rollout sample must have an output.
+        _check_number("max_new_tokens", self.max_new_tokens, ">= 1", lambda v: v >= 1, int)
+        _check_number("temperature", self.temperature, ">= 0", lambda v: v >= 0)
+        _check_number("top_p", self.top_p, "in (0, 1]", lambda v: 0 < v <= 1)
+        _check_number("top_k", self.top_k, "-1 or >= 1", lambda v: v == -1 or v >= 1, int)
+        _check_list("stop", self.stop, str)
+        _check_list("stop_token_ids", self.stop_token_ids, int)
+        for name in ("skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamsError(
+                    f"TextSamplingParams.{name} must be a bool, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.extra, dict):
             raise SamplingParamsError(
-                f"TextSamplingParams.max_new_tokens must be an int, got {self.max_new_tokens!r}"
-            )
-        if self.max_new_tokens < 0:
-            raise SamplingParamsError(
-                f"TextSamplingParams.max_new_tokens must be >= 0, got {self.max_new_tokens}"
+                f"TextSamplingParams.extra must be a dict, got {self.extra!r}"
             )
         clash = {f.name for f in fields(self)} & set(self.extra)
         if clash:
             raise SamplingParamsError(f"TextSamplingParams.extra repeats fields {sorted(clash)}")
         check_sampling_params(self.extra)
+        for key, (allowed, check, kind) in _EXTRA_RANGES.items():
+            if key in self.extra:
+                _check_number(f"extra[{key!r}]", self.extra[key], allowed, check, kind)
+        low = self.extra.get("min_new_tokens", 0)
+        if low > self.max_new_tokens:
+            raise SamplingParamsError(
+                f"TextSamplingParams.extra['min_new_tokens'] ({low}) must be <= max_new_tokens"
+                f" ({self.max_new_tokens})"
+            )
 
     def to_payload(self) -> dict[str, Any]:
         """The ``sampling_params`` of a request: a fresh dict, ``None`` fields left out."""
