@@ -29,7 +29,7 @@ from miles_lite.types import Sample, SampleStatus
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TrainingBatch", "group_advantages", "training_batch"]
+__all__ = ["TrainingBatch", "group_advantages", "training_batch", "trains_on"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +78,18 @@ def group_advantages(rewards: Sequence[float], *, std_normalize: bool = True) ->
     return [c / (std + 1e-6) for c in centered]
 
 
+def trains_on(sample: Sample) -> bool:
+    """Whether :func:`training_batch` trains on ``sample``: a COMPLETED or TRUNCATED
+    sample, or an ABORTED one holding output (``response_length > 0``). A FAILED sample
+    has no trustworthy output, a PENDING one none (never generated, or reset as stale),
+    and an ABORTED one without a token nothing to learn from; none of them is counted in
+    its group's reward normalization either."""
+    status = sample.status
+    if status is SampleStatus.COMPLETED or status is SampleStatus.TRUNCATED:
+        return True
+    return status is SampleStatus.ABORTED and sample.response_length > 0
+
+
 def training_batch(
     groups: Sequence[Sequence[Sample]],
     *,
@@ -89,11 +101,16 @@ def training_batch(
 ) -> TrainingBatch:
     """The :class:`TrainingBatch` of ``groups`` (the kept groups of a run or a stream).
 
-    FAILED samples are left out (their group is normalized over the others); each sample
-    is checked (:meth:`Sample.validate`) and needs a reward (``reward_key`` picks the
-    entry of a dict reward). ``pad_token_id`` fills the padding; ``pack`` puts every
-    sample in one row; ``dtype`` of the float tensors (default float32). Raises
-    :class:`~miles_lite.errors.RewardError` naming a sample without a reward,
+    A batch trains on the samples :func:`trains_on` takes, in group order: the model's
+    answers (COMPLETED, TRUNCATED, and ABORTED with output: a partial answer an agent or
+    a filter kept); FAILED samples, PENDING ones and ABORTED ones without a token are left
+    out, and each group is normalized over exactly the samples it trains on
+    (``sample_indices`` names them). Each is checked (:meth:`Sample.validate`) and needs
+    a finite reward (``reward_key`` picks the entry of a dict reward). ``pad_token_id``
+    fills the padding; ``pack`` puts every sample in one row; ``dtype`` of the float
+    tensors (default float32). Raises :class:`~miles_lite.errors.RewardError` naming a
+    sample whose reward is missing, not a number (a bool included) or not finite (NaN,
+    inf: one would turn its whole group's advantages into NaN),
     :class:`~miles_lite.errors.SampleInvariantError` for a sample that breaks its
     invariants, ``ValueError`` when no sample is left.
     """
@@ -104,17 +121,18 @@ def training_batch(
     raw: list[float] = []
     normalized: list[float] = []
     for group in groups:
-        live = [s for s in group if s.status is not SampleStatus.FAILED]
+        live = [s for s in group if trains_on(s)]
         values = []
         for sample in live:
             sample.validate()
             value = reward_value(sample, reward_key)
-            if value is None:
+            if value is None or not math.isfinite(value):
+                problem = "not a number" if value is None else "not finite"
                 raise RewardError(
                     f"sample {sample.index} (group {sample.group_index}) has reward"
-                    f" {sample.reward!r}, not a number"
+                    f" {sample.reward!r}, {problem}"
                     + (f" under reward_key {reward_key!r}" if reward_key else "")
-                    + ": score it before making a training batch",
+                    + ": score it with a finite number before making a training batch",
                     request_id=sample.request_id,
                 )
             values.append(value)
@@ -122,7 +140,10 @@ def training_batch(
         raw += values
         normalized += group_advantages(values, std_normalize=std_normalize)
     if not samples:
-        raise ValueError("no sample to train on: every group was empty or FAILED")
+        raise ValueError(
+            "no sample to train on: every group was empty, or its samples FAILED, PENDING"
+            " or ABORTED without a token"
+        )
 
     rows_tokens, rows_mask, rows_logp, rows_adv = [], [], [], []
     for sample, advantage in zip(samples, normalized, strict=True):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from miles_lite.errors import EngineStatusError, RewardError
-from miles_lite.rollout.batch import group_advantages, training_batch
+from miles_lite.rollout.batch import group_advantages, training_batch, trains_on
 from miles_lite.types import Sample, SampleStatus
 
 
@@ -90,3 +90,44 @@ def test_a_sample_without_a_reward_or_any_sample_at_all_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="no sample to train on"):
         training_batch([[failed]])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_reward_is_refused_naming_the_sample(bad: float) -> None:
+    group = [sample(0, [1], [2], 1.0), sample(1, [1], [3], bad, request_id="rid-1")]
+    with pytest.raises(RewardError, match=rf"sample 1 \(group 0\) has reward {bad!r}, not finite"):
+        training_batch([group])
+    # The same for the entry a dict reward is read from.
+    scored = [sample(0, [1], [2], {"acc": 1.0}), sample(1, [1], [3], {"acc": bad})]  # type: ignore[arg-type]
+    with pytest.raises(RewardError, match=r"sample 1 .* not finite under reward_key 'acc'") as info:
+        training_batch([scored], reward_key="acc")
+    assert info.value.request_id is None
+    with pytest.raises(RewardError) as named:
+        training_batch([group])
+    assert named.value.request_id == "rid-1"
+
+
+def test_a_bool_reward_is_still_refused_as_not_a_number() -> None:
+    with pytest.raises(RewardError, match=r"sample 1 .* has reward True, not a number"):
+        training_batch([[sample(0, [1], [2], 1.0), sample(1, [1], [3], True)]])  # type: ignore[arg-type]
+
+
+def test_a_batch_trains_on_answers_and_normalizes_each_group_over_exactly_those() -> None:
+    right = sample(0, [1], [2, 3], 1.0)
+    wrong = sample(1, [1], [4], 0.0, status=SampleStatus.TRUNCATED)
+    partial = sample(2, [1], [5], 1.0, status=SampleStatus.ABORTED)  # kept, with output
+    # Nothing of these reaches the batch, nor their group's mean and std, even with a reward.
+    pending = sample(3, [1], [], 0.0, status=SampleStatus.PENDING)
+    empty = sample(4, [1], [], 0.0, status=SampleStatus.ABORTED)
+    failed = sample(5, [1], [6], 0.0, status=SampleStatus.FAILED)
+    group = [right, wrong, partial, pending, empty, failed]
+    assert [trains_on(s) for s in group] == [True, True, True, False, False, False]
+    batch = training_batch([group])
+    assert batch.sample_indices.tolist() == [0, 1, 2]
+    assert batch.raw_reward.tolist() == [1.0, 0.0, 1.0]
+    assert batch.rewards.tolist() == pytest.approx(group_advantages([1.0, 0.0, 1.0]))
+    # A group whose only answer is a lone sample beside a PENDING one teaches nothing.
+    alone = training_batch([[sample(0, [1], [2], 1.0), pending]])
+    assert alone.sample_indices.tolist() == [0] and alone.rewards.tolist() == [0.0]
+    with pytest.raises(ValueError, match="PENDING or ABORTED without a token"):
+        training_batch([[pending, empty]])
