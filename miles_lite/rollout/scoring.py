@@ -39,7 +39,11 @@ class Scorer:
         self.rewards = dict(rewards)
         for kind in (reward, group_reward):
             if kind is not None and kind not in self.rewards:
-                raise ConfigError(f"reward kind {kind!r} has no pool; have {sorted(self.rewards)}")
+                raise ConfigError(
+                    f"reward kind {kind!r} has no pool; have {sorted(self.rewards)}: pass"
+                    f" rewards={{{kind!r}: your_reward}} (a TextRollout's open() also finds"
+                    " the built-in rewards by name: miles_lite.rewards.BUILTIN_REWARDS)"
+                )
         self.reward = reward
         self.group_reward = group_reward
 

@@ -105,10 +105,17 @@ class TextRollout(Rollout):
         loading weights need more), and ``RewardError`` when a reward cannot load.
 
         ``rewards`` maps a kind to a reward function (a pool of ``config.reward_workers``
-        processes), an async scorer with ``score``, or a ready pool. Other keywords go to
-        the constructor.
+        processes), an async scorer with ``score``, or a ready pool. A ``config.reward``
+        or ``config.group_reward`` it does not hold is a built-in reward by name
+        (:data:`~miles_lite.rewards.BUILTIN_REWARDS`: ``math``, ``deepscaler``, ``dapo``,
+        ``f1``), else a ``ConfigError`` naming the built-ins, raised before anything
+        starts. Other keywords go to the constructor.
         """
+        from miles_lite.rewards.builtin import with_builtin_rewards  # loads the rewards on use
+
         config = config or TextRolloutConfig()
+        rewards = with_builtin_rewards(rewards or {}, [config.reward])
+        rewards = with_builtin_rewards(rewards, [config.group_reward], field="group_reward")
         async with AsyncExitStack() as stack:
             client = await stack.enter_async_context(EngineClient(config.engines.client))
             router = await stack.enter_async_context(
@@ -116,7 +123,7 @@ class TextRollout(Rollout):
             )
             with startup_step(f"waiting for {len(router.urls)} engine(s) to answer /health"):
                 await router.wait_ready()
-            pools = await open_reward_pools(stack, rewards or {}, config, arena=None)
+            pools = await open_reward_pools(stack, rewards, config, arena=None)
             rollout = cls(
                 config=config,
                 router=router,
