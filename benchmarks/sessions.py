@@ -66,7 +66,7 @@ from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_s
 from miles_lite.agentic.assembly import assemble_samples, full_prompts
 from miles_lite.agentic.config import SessionServerConfig, SessionServerStatistics
 from miles_lite.agentic.server import SessionServer
-from miles_lite.engine.client import EngineClient
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.chat_wire import TurnRecord

@@ -61,8 +61,8 @@ from chat_agents import chat_client
 from text_mock import MockProcess, output_ids, output_log_prob
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import GenerateFnInput

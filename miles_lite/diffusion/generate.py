@@ -14,8 +14,8 @@ from miles_lite.codecs.body import wire_form
 from miles_lite.codecs.tensors import decode_to_tensors
 from miles_lite.diffusion.config import TransportMode
 from miles_lite.diffusion.context import DiffusionContext
-from miles_lite.engine.blocking import BlockingRequest
-from miles_lite.engine.response import BodyBuffer, RawResponse, allocate_fresh
+from miles_lite.engine.http.blocking import BlockingRequest
+from miles_lite.engine.http.response import BodyBuffer, RawResponse, allocate_fresh
 from miles_lite.errors import ArenaFullError, CodecError, ConfigError, EngineProtocolError
 from miles_lite.pools.arena import Lease
 from miles_lite.pools.parser_pool import ParsedBody, ParserPool

@@ -20,7 +20,7 @@ from miles_lite.diffusion.config import DiffusionRolloutConfig, TransportMode
 from miles_lite.diffusion.context import DiffusionContext
 from miles_lite.diffusion.generate import generate_diffusion
 from miles_lite.diffusion.kind import DiffusionKind
-from miles_lite.engine.client import EngineClient
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.arena_pages import FIRST_WORKER_TAG, LAST_WORKER_TAG

@@ -1,12 +1,13 @@
 """The engine layer: every byte to and from an engine.
 
-A transport seam (:class:`AsyncTransport`: aiohttp, or :class:`MockTransport` in unit
-tests; the worker-side exchange of ``fetch_in_parser`` in :mod:`miles_lite.engine.blocking`),
+Two layers. :mod:`miles_lite.engine.http`, one exchange with one URL: a transport seam
+(:class:`AsyncTransport`: aiohttp, or :class:`MockTransport` in unit tests; the
+worker-side exchange of ``fetch_in_parser`` in :mod:`miles_lite.engine.http.blocking`),
 one translation of transport failures into typed errors, the client, the router (the one
 retry loop: only what never reached an engine, or a 502/503/504, is sent again; the
 version gate of engines that missed a weight update; the record of weight versions) and
-the one sender of control calls (aborts, pauses, weight updates, cache flushes). The
-router may also generate through SGLang's own router (:class:`SmgConfig`,
+the one sender of control calls (aborts, pauses, weight updates, cache flushes), at the
+top of this package: the fleet of engines. The router may also generate through SGLang's own router (:class:`SmgConfig`,
 :mod:`miles_lite.engine.smg`), still aborting and controlling at the engines.
 
 Usage::
@@ -29,10 +30,6 @@ if typing.TYPE_CHECKING:
         plant_cache_canary,
         probe_cache_canary,
     )
-    from miles_lite.engine.client import (
-        EngineClient,
-        EngineClientStatistics,
-    )
     from miles_lite.engine.config import (
         EngineClientConfig,
         EngineConfig,
@@ -53,12 +50,27 @@ if typing.TYPE_CHECKING:
         update_weight_version,
         update_weights_from_disk,
     )
-    from miles_lite.engine.response import (
+    from miles_lite.engine.http.aiohttp_transport import (
+        AiohttpTransport,
+    )
+    from miles_lite.engine.http.client import (
+        EngineClient,
+        EngineClientStatistics,
+    )
+    from miles_lite.engine.http.mock import (
+        MockFailure,
+        MockResponse,
+        MockTransport,
+    )
+    from miles_lite.engine.http.response import (
         BodyAllocator,
         BodyBuffer,
         FreshBuffer,
         RawResponse,
         allocate_fresh,
+    )
+    from miles_lite.engine.http.transport import (
+        AsyncTransport,
     )
     from miles_lite.engine.router import (
         Router,
@@ -67,13 +79,6 @@ if typing.TYPE_CHECKING:
     from miles_lite.engine.smg import (
         SmgWorker,
         smg_launch_args,
-    )
-    from miles_lite.engine.transport import (
-        AiohttpTransport,
-        AsyncTransport,
-        MockFailure,
-        MockResponse,
-        MockTransport,
     )
     from miles_lite.engine.versions import (
         VersionRecord,
@@ -93,7 +98,7 @@ __getattr__, __dir__ = _lazy_exports(
             "plant_cache_canary",
             "probe_cache_canary",
         ],
-        "miles_lite.engine.client": [
+        "miles_lite.engine.http.client": [
             "EngineClient",
             "EngineClientStatistics",
         ],
@@ -117,7 +122,7 @@ __getattr__, __dir__ = _lazy_exports(
             "update_weight_version",
             "update_weights_from_disk",
         ],
-        "miles_lite.engine.response": [
+        "miles_lite.engine.http.response": [
             "BodyAllocator",
             "BodyBuffer",
             "FreshBuffer",
@@ -132,12 +137,16 @@ __getattr__, __dir__ = _lazy_exports(
             "SmgWorker",
             "smg_launch_args",
         ],
-        "miles_lite.engine.transport": [
+        "miles_lite.engine.http.aiohttp_transport": [
             "AiohttpTransport",
-            "AsyncTransport",
+        ],
+        "miles_lite.engine.http.mock": [
             "MockFailure",
             "MockResponse",
             "MockTransport",
+        ],
+        "miles_lite.engine.http.transport": [
+            "AsyncTransport",
         ],
         "miles_lite.engine.versions": [
             "VersionRecord",

@@ -18,8 +18,8 @@ from typing import Any
 
 import anyio
 
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.control import ControlReport, _fan_out
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.errors import EngineControlError, EngineStatusError
 from miles_lite.sglang.control import FLUSH_CACHE_PATH
 from miles_lite.sglang.generate_wire import (

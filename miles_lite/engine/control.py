@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from miles_lite.engine.client import EngineClient
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.errors import (
     EngineControlError,
     EngineError,

@@ -24,7 +24,7 @@ from miles_lite.errors import EngineError
 from miles_lite.sglang.control import MODEL_INFO_PATH, model_info_version
 
 if TYPE_CHECKING:
-    from miles_lite.engine.client import EngineClient
+    from miles_lite.engine.http.client import EngineClient
 
 __all__ = ["HealthMonitor"]
 

@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from miles_lite._core.resources import AsyncResource
-from miles_lite.engine._routing import sticky
 from miles_lite.engine.balancer import Balancer, EngineSlot, EngineState
 from miles_lite.engine.config import RetryPolicy, RouterConfig
 from miles_lite.engine.control import abort_request
 from miles_lite.engine.health import HealthMonitor
+from miles_lite.engine.http._routing import sticky
 from miles_lite.engine.smg import SmgFront, SmgWorker
 from miles_lite.engine.versions import WeightVersions
 from miles_lite.errors import EngineUnavailableError
 
 if TYPE_CHECKING:
-    from miles_lite.engine.client import EngineClient
-    from miles_lite.engine.response import BodyAllocator, RawResponse
+    from miles_lite.engine.http.client import EngineClient
+    from miles_lite.engine.http.response import BodyAllocator, RawResponse
 
 __all__ = ["Router", "RouterStatistics"]
 

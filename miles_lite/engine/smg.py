@@ -10,7 +10,7 @@ opens and at every health round, and :class:`~miles_lite.engine.router.Router` h
 to :mod:`miles_lite.engine.control`.
 
 A sticky key (an agent session's, given to ``Router.call(fn, key=...)``) must reach the
-router as a header: :mod:`miles_lite.engine._routing` carries it to the client.
+router as a header: :mod:`miles_lite.engine.http._routing` carries it to the client.
 
 :func:`smg_launch_args` gives the flags miles_lite needs the router to run with, and why.
 """
@@ -28,7 +28,7 @@ from miles_lite.engine.config import RouterConfig, SmgConfig
 from miles_lite.errors import ConfigError, EngineError, EngineProtocolError, EngineUnavailableError
 
 if TYPE_CHECKING:
-    from miles_lite.engine.client import EngineClient
+    from miles_lite.engine.http.client import EngineClient
 
 __all__ = [
     "READINESS_PATH",

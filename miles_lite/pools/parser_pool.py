@@ -21,7 +21,7 @@ import anyio
 
 from miles_lite._core.resources import AsyncResource, ResourceState
 from miles_lite.codecs.tensors import materialize
-from miles_lite.engine.blocking import BlockingRequest
+from miles_lite.engine.http.blocking import BlockingRequest
 from miles_lite.errors import ConfigError, MilesLiteError
 from miles_lite.pools.arena import Arena, ArenaConfig, Lease
 from miles_lite.pools.arena_pages import FIRST_WORKER_TAG, LAST_WORKER_TAG

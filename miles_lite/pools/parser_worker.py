@@ -3,7 +3,7 @@
 These functions are imported by worker processes and must stay light: no torch import
 (tensor views are made in the main process from the page numbers returned here), so a
 parser worker starts in tens of milliseconds. The HTTP exchange of ``fetch_in_parser`` is
-the engine layer's (:mod:`miles_lite.engine.blocking`): this module only gives it arena
+the engine layer's (:mod:`miles_lite.engine.http.blocking`): this module only gives it arena
 memory to read into, and decodes.
 
 A worker's arena attachment and its engine connections live in ``_STATE``, this worker
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_lite.codecs.body import decode_body, wire_form
-from miles_lite.engine.blocking import BlockingClient, BlockingRequest
+from miles_lite.engine.http.blocking import BlockingClient, BlockingRequest
 from miles_lite.errors import ArenaFullError, CodecError, EngineProtocolError, MilesLiteError
 from miles_lite.pools.arena_pages import Allocation, ArenaHandle
 from miles_lite.pools.worker_arena import WorkerArena

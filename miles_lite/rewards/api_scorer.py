@@ -14,8 +14,8 @@ import anyio
 
 from miles_lite._core.resources import AsyncResource
 from miles_lite._core.validate import check_int, check_type
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.errors import (
     BodyTooLargeError,
     ClosedResourceError,

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from miles_lite.engine.response import RawResponse
+from miles_lite.engine.http.response import RawResponse
 from miles_lite.errors import EngineTimeoutError
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.spans import UnitSpan

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from miles_lite.engine.client import EngineClient
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.pools.reward_pool import RewardPoolLike
 from miles_lite.rollout.contract import BindsContext, GenerateFn

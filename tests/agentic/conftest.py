@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from miles_lite.agentic.server import SessionServer, SessionServerConfig
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams

@@ -14,7 +14,7 @@ import aiohttp
 import anyio
 import pytest
 
-from miles_lite.engine.client import EngineClient
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.errors import EngineStatusError, SamplingParamsError
 from miles_lite.sglang.generate_wire import build_generate_payload
 from miles_lite.sglang.sampling import SAMPLING_KEYS

@@ -15,8 +15,8 @@ import pytest
 from miles_lite.agentic.assembly import assemble_samples, full_prompts
 from miles_lite.agentic.config import SessionServerConfig
 from miles_lite.agentic.server import SessionServer
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams

@@ -12,8 +12,8 @@ from miles_lite.cli import load_function
 from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.diffusion.generate import generate_diffusion
 from miles_lite.diffusion.rollout import DiffusionRollout
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import (
     CodecError,

@@ -13,8 +13,8 @@ import pytest
 
 from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
 from miles_lite.diffusion.rollout import DiffusionRollout
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import FilterError
 from miles_lite.pools.parser_pool import ParserPool

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.control import abort_requests, busy_requests
+from miles_lite.engine.http.client import EngineClient
 from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
 
 pytestmark = pytest.mark.anyio

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from miles_lite.engine._body import read_all_chunks
-from miles_lite.engine._errors import Progress
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy
-from miles_lite.engine.response import FreshBuffer, allocate_fresh
+from miles_lite.engine.http._body import read_all_chunks
+from miles_lite.engine.http._errors import Progress
+from miles_lite.engine.http.client import EngineClient
+from miles_lite.engine.http.response import FreshBuffer, allocate_fresh
 from miles_lite.errors import (
     ArenaError,
     BodyTooLargeError,

@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
-from miles_lite.engine import transport as transport_module
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy
-from miles_lite.engine.response import FreshBuffer
-from miles_lite.engine.transport import IN_PLACE_MIN_BYTES, AiohttpTransport
+from miles_lite.engine.http import in_place
+from miles_lite.engine.http.aiohttp_transport import IN_PLACE_MIN_BYTES, AiohttpTransport
+from miles_lite.engine.http.client import EngineClient
+from miles_lite.engine.http.response import FreshBuffer
 from miles_lite.errors import EngineProtocolError, EngineTimeoutError
 from tests.engine.engine_fakes import RawEngine, RawHandler, Reply, ScriptedEngine
 
@@ -169,13 +169,13 @@ async def test_each_socket_read_takes_at_most_read_chunk_bytes(
     engine: ScriptedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads: list[int] = []
-    real = transport_module._InPlaceBody.buffer_updated
+    real = in_place.InPlaceBody.buffer_updated
 
-    def counted(self: transport_module._InPlaceBody, nbytes: int) -> None:
+    def counted(self: in_place.InPlaceBody, nbytes: int) -> None:
         reads.append(nbytes)
         real(self, nbytes)
 
-    monkeypatch.setattr(transport_module._InPlaceBody, "buffer_updated", counted)
+    monkeypatch.setattr(in_place.InPlaceBody, "buffer_updated", counted)
     body = pattern(BIG)
     engine.script("/rollout/generate", Reply(body=body, pieces=2))
     engine_client, transport = client(read_chunk_bytes=64 << 10)

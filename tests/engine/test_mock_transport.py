@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from miles_lite.engine._errors import Failure
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http._errors import Failure
+from miles_lite.engine.http.client import EngineClient
+from miles_lite.engine.http.mock import MockFailure, MockResponse, MockTransport
+from miles_lite.engine.http.transport import Request
 from miles_lite.engine.router import Router
-from miles_lite.engine.transport import MockFailure, MockResponse, MockTransport, Request
 from miles_lite.errors import EngineProtocolError, EngineTimeoutError
 
 pytestmark = pytest.mark.anyio

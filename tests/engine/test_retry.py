@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from miles_lite.engine._retry import retry_call
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http._retry import retry_call
+from miles_lite.engine.http.client import EngineClient
+from miles_lite.engine.http.mock import MockResponse, MockTransport
 from miles_lite.engine.router import Router
-from miles_lite.engine.transport import MockResponse, MockTransport
 from miles_lite.errors import (
     ClosedResourceError,
     ConfigError,

@@ -12,8 +12,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import (
     ClosedResourceError,

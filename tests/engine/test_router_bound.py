@@ -7,7 +7,7 @@ import dataclasses
 import anyio
 import pytest
 
-from miles_lite.engine.client import EngineClient
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineUnavailableError
 from tests.engine.engine_fakes import Reply, ScriptedEngine

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineStatusError, EngineTimeoutError, EngineUnavailableError
 from tests.engine.engine_fakes import Reply, ScriptedEngine

@@ -10,12 +10,13 @@ from typing import Any
 import anyio
 import pytest
 
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig, SmgConfig
 from miles_lite.engine.control import abort_requests
+from miles_lite.engine.http.client import EngineClient
+from miles_lite.engine.http.mock import MockResponse, MockTransport
+from miles_lite.engine.http.transport import Request
 from miles_lite.engine.router import Router
 from miles_lite.engine.smg import parse_workers, smg_launch_args
-from miles_lite.engine.transport import MockResponse, MockTransport, Request
 from miles_lite.errors import (
     ConfigError,
     EngineProtocolError,

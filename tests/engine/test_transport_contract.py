@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from miles_lite.engine.blocking import BlockingRequest
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.blocking import BlockingRequest
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineError, EngineTimeoutError, EngineUnavailableError
 from miles_lite.pools.arena import ArenaConfig

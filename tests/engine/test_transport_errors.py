@@ -14,8 +14,8 @@ from contextlib import contextmanager
 import aiohttp
 import pytest
 
-from miles_lite.engine._errors import NEVER_SENT, Attempt, Failure, Timeouts, engine_error
-from miles_lite.engine.transport import _AIOHTTP_ERRORS, _translate
+from miles_lite.engine.http._errors import NEVER_SENT, Attempt, Failure, Timeouts, engine_error
+from miles_lite.engine.http.aiohttp_transport import _AIOHTTP_ERRORS, _translate
 from miles_lite.errors import (
     ConfigError,
     EngineProtocolError,

@@ -13,7 +13,6 @@ import anyio
 import pytest
 
 from miles_lite.engine.cache_control import flush_cache, plant_cache_canary, probe_cache_canary
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
 from miles_lite.engine.control import (
     continue_generation,
@@ -22,8 +21,10 @@ from miles_lite.engine.control import (
     update_weight_version,
     update_weights_from_disk,
 )
+from miles_lite.engine.http.client import EngineClient
+from miles_lite.engine.http.mock import MockResponse, MockTransport
+from miles_lite.engine.http.transport import Request
 from miles_lite.engine.router import Router
-from miles_lite.engine.transport import MockResponse, MockTransport, Request
 from miles_lite.errors import (
     EngineControlError,
     EngineStatusError,

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineError, EngineUnavailableError
 from miles_lite.testing import StandInConfig, StandInEngine

@@ -12,8 +12,8 @@ import torch
 from anyio.abc import SocketStream
 
 from miles_lite.codecs.tensors import decode_to_tensors
-from miles_lite.engine._errors import Timeouts
-from miles_lite.engine.blocking import BlockingRequest
+from miles_lite.engine.http._errors import Timeouts
+from miles_lite.engine.http.blocking import BlockingRequest
 from miles_lite.errors import ConfigError, EngineProtocolError, EngineTimeoutError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig

@@ -10,15 +10,15 @@ import torch
 from aiohttp import web
 
 from miles_lite.codecs.tensors import decode_to_tensors
-from miles_lite.engine._errors import Timeouts
-from miles_lite.engine.blocking import BlockingRequest
+from miles_lite.engine.http._errors import Timeouts
+from miles_lite.engine.http.blocking import BlockingRequest
 from miles_lite.errors import CodecError, EngineProtocolError, EngineStatusError, WorkerCrashedError
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
-from tests.support.garbage import collect_garbage
-from tests.support.leaks import leaked_shm, shm_entries
 from tests.pools import work
 from tests.pools.bodies import CTYPE, body
+from tests.support.garbage import collect_garbage
+from tests.support.leaks import leaked_shm, shm_entries
 
 pytestmark = pytest.mark.anyio
 

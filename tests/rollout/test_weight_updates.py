@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from miles_lite import SampleStatus, TextRollout, TextRolloutConfig, TextSamplingParams
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.client import EngineClient
+from miles_lite.engine.http.mock import MockResponse, MockTransport
+from miles_lite.engine.http.transport import Request
 from miles_lite.engine.router import Router
-from miles_lite.engine.transport import MockResponse, MockTransport, Request
 from miles_lite.errors import ConfigError, EngineControlError
 from miles_lite.rollout.weights import WeightUpdateConfig, update_weights
 from miles_lite.sglang.control import PauseMode

@@ -19,7 +19,6 @@ import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.agentic.agent import AgentGenerate
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import (
     EngineClientConfig,
     EngineConfig,
@@ -27,6 +26,7 @@ from miles_lite.engine.config import (
     RouterConfig,
     SmgConfig,
 )
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.smg import SMG_FLAGS
 from miles_lite.errors import EngineError, EngineStatusError
 from miles_lite.testing import (

@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
-from miles_lite.engine.client import EngineClient
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import GenerateFnInput

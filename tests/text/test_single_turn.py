@@ -210,8 +210,8 @@ async def test_a_request_that_never_reached_an_engine_goes_to_another(tokenizer:
 
     import anyio
 
-    from miles_lite.engine.client import EngineClient
     from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+    from miles_lite.engine.http.client import EngineClient
     from miles_lite.engine.router import Router
     from miles_lite.rollout.context import RunContext
     from miles_lite.testing import TextStandInEngine

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from miles_lite.engine._errors import Progress
+from miles_lite.engine.http._errors import Progress
 from miles_lite.errors import ArenaError, BodyTooLargeError, EngineProtocolError
 
 if TYPE_CHECKING:
-    from miles_lite.engine.response import BodyBuffer
-    from miles_lite.engine.transport import ResponseStream
+    from miles_lite.engine.http.response import BodyBuffer
+    from miles_lite.engine.http.transport import ResponseStream
 
 __all__ = ["EXCERPT_BYTES", "read_all_chunks", "read_excerpt", "writable_bytes"]
 

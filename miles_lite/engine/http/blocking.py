@@ -3,7 +3,7 @@
 
 The second transport to the engines, with the same limits (derived from the client's
 :class:`~miles_lite.engine.config.EngineClientConfig` by :meth:`BlockingRequest.from_config`)
-and the same error translation (:func:`~miles_lite.engine._errors.engine_error`): its own
+and the same error translation (:func:`~miles_lite.engine.http._errors.engine_error`): its own
 ``http.client``/socket failures are classified by the phase they happened in, so only a
 request that never reached the engine is retryable. It never retries by itself: the
 caller (the router's one retry loop) decides. Plain HTTP only.
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from miles_lite._core import json as _json
-from miles_lite.engine._body import EXCERPT_BYTES
-from miles_lite.engine._errors import Attempt, Failure, Progress, Timeouts, engine_error
 from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.http._body import EXCERPT_BYTES
+from miles_lite.engine.http._errors import Attempt, Failure, Progress, Timeouts, engine_error
 from miles_lite.errors import BodyTooLargeError, ConfigError, EngineProtocolError, EngineStatusError
 
 __all__ = ["BlockingClient", "BlockingRequest", "BlockingResponse"]

@@ -2,9 +2,9 @@
 
 Bodies are read chunk by chunk into a buffer given by a :class:`BodyAllocator`, never joined
 on the event loop (aiohttp's ``read()`` of a 512 MB body stalls the loop for 0.3-0.4 s).
-Bytes go through an :class:`~miles_lite.engine.transport.AsyncTransport` (aiohttp by
-default; :class:`~miles_lite.engine.transport.MockTransport` in unit tests), whose
-failures are translated in one place (:mod:`miles_lite.engine._errors`).
+Bytes go through an :class:`~miles_lite.engine.http.transport.AsyncTransport` (aiohttp by
+default; :class:`~miles_lite.engine.http.mock.MockTransport` in unit tests), whose
+failures are translated in one place (:mod:`miles_lite.engine.http._errors`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import anyio.to_thread
 from miles_lite._core import json as _json
 from miles_lite._core.resources import AsyncResource
 from miles_lite._core.validate import check_seconds
-from miles_lite.engine._body import read_all_chunks, read_excerpt, writable_bytes
-from miles_lite.engine._errors import (
+from miles_lite.engine.config import EngineClientConfig
+from miles_lite.engine.http._body import read_all_chunks, read_excerpt, writable_bytes
+from miles_lite.engine.http._errors import (
     Attempt,
     Failure,
     Progress,
@@ -29,11 +30,11 @@ from miles_lite.engine._errors import (
     engine_error,
     status_error,
 )
-from miles_lite.engine._retry import retry_call
-from miles_lite.engine._routing import route_headers
-from miles_lite.engine.config import EngineClientConfig
-from miles_lite.engine.response import BodyAllocator, RawResponse, allocate_fresh
-from miles_lite.engine.transport import AiohttpTransport, AsyncTransport, Request, ResponseStream
+from miles_lite.engine.http._retry import retry_call
+from miles_lite.engine.http._routing import route_headers
+from miles_lite.engine.http.aiohttp_transport import AiohttpTransport
+from miles_lite.engine.http.response import BodyAllocator, RawResponse, allocate_fresh
+from miles_lite.engine.http.transport import AsyncTransport, Request, ResponseStream
 from miles_lite.errors import BodyTooLargeError, EngineError, EngineProtocolError
 
 __all__ = ["EngineClient", "EngineClientStatistics"]
@@ -67,7 +68,7 @@ class EngineClient(AsyncResource):
     the block) every call raises :class:`~miles_lite.errors.ClosedResourceError`. Use one
     client within one event loop; any number of tasks may share it; connections are
     pooled (``max_connections``, ``max_connections_per_host``). ``transport`` replaces the
-    aiohttp one (a :class:`~miles_lite.engine.transport.MockTransport` in unit tests).
+    aiohttp one (a :class:`~miles_lite.engine.http.mock.MockTransport` in unit tests).
 
     Errors are typed and carry the engine ``url`` and the ``request_id``:
     ``EngineUnavailableError`` (refused, reset, disconnected), ``EngineTimeoutError``,
