@@ -86,7 +86,7 @@ if typing.TYPE_CHECKING:
     )
 
 # Imported when first used: parser workers import the blocking exchange of
-# fetch_in_parser (engine.blocking) and need neither aiohttp nor the router.
+# fetch_in_parser (engine.http.blocking) and need neither aiohttp nor the router.
 __getattr__, __dir__ = _lazy_exports(
     __name__,
     {
