@@ -27,7 +27,8 @@
     │   ├── SampleInvariantError             a sample's per-token lists do not line up
     │   ├── ToolError                        a tool raised or timed out (multi-turn)
     │   └── AgentError                       a custom agent raised (traceback kept)
-    └── SessionError                         a chat session is unknown or closed
+    ├── SessionError                         a chat session is unknown or closed
+    └── JournalError                         the rollout journal: other run, corrupt, full
 
 Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
 them in their message. ``retryable`` is what the retry policy reads: ``False`` unless the
@@ -58,6 +59,7 @@ __all__ = [
     "EventLoopError",
     "FilterError",
     "GenerateError",
+    "JournalError",
     "MilesLiteError",
     "RewardError",
     "SampleInvariantError",
@@ -339,4 +341,14 @@ class SessionError(MilesLiteError):
     """Raised when a chat session is used that is unknown or already closed.
 
     Usage: ``await server.close_session("nope")`` raises it, naming the session id.
+    """
+
+
+class JournalError(MilesLiteError):
+    """Raised when the rollout journal cannot be trusted or written: a file from another
+    run (the message names the config field or prompt id that differs), a torn or corrupt
+    file, a full disk (or ``max_bytes``) mid-run; the file stays readable up to its last
+    complete transaction.
+
+    Usage: ``Journal("run.db")`` on a file of another run raises it on ``bind``.
     """

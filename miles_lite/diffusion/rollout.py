@@ -12,9 +12,10 @@ closed) and pending microgroups are never sent.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_lite.diffusion.config import DiffusionRolloutConfig, TransportMode
 from miles_lite.diffusion.context import DiffusionContext
@@ -30,6 +31,9 @@ from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.rollout import Rollout, open_reward_pools
 from miles_lite.rollout.startup import startup_step
+
+if TYPE_CHECKING:
+    from miles_lite.training.journal import Journal
 
 __all__ = ["DiffusionRollout"]
 
@@ -73,6 +77,7 @@ class DiffusionRollout(Rollout):
         generate_options: Mapping[str, Any] | None = None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None = None,
         progress: bool = False,
+        journal: Journal | None = None,
     ) -> None:
         self.context = DiffusionContext(
             router=router,
@@ -88,6 +93,7 @@ class DiffusionRollout(Rollout):
             rewards=rewards,
             dynamic_filter=dynamic_filter,
             progress=progress,
+            journal=journal,
             max_started_samples=2 * router.capacity * config.microgroup_size,
         )
 
@@ -99,6 +105,7 @@ class DiffusionRollout(Rollout):
         *,
         config: DiffusionRolloutConfig | None = None,
         rewards: Mapping[str, Any] | None = None,
+        journal: str | os.PathLike[str] | Journal | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[DiffusionRollout]:
         """Build every part from ``config`` (engines, parser pool and arena, reward
@@ -111,7 +118,10 @@ class DiffusionRollout(Rollout):
 
         ``rewards`` maps a kind to a reward function (run in a pool of
         ``config.reward_workers`` processes), an async scorer with ``score``, or a ready
-        pool. Other keywords go to the constructor. Each step is logged
+        pool. ``journal``: a path or a :class:`~miles_lite.training.Journal`: what the rollout
+        makes is journaled there, so a crashed run resumes (``resume()``, ``commit()``;
+        see :mod:`miles_lite.training`); a file of another run raises ``JournalError``.
+        Other keywords go to the constructor. Each step is logged
         (:mod:`miles_lite.rollout.startup`).
 
         Raises ``ConfigError`` for an engine URL without ``http://``,
@@ -146,6 +156,12 @@ class DiffusionRollout(Rollout):
                 arena_config: ArenaConfig = parser_config.arena
                 arena = await stack.enter_async_context(Arena(arena_config))
             pools = await open_reward_pools(stack, rewards or {}, config, arena=arena)
+            if journal is not None:  # a path is opened here and closed on exit
+                from miles_lite.training.recorder import open_journal
+
+                kwargs["journal"] = await stack.enter_async_context(
+                    open_journal(journal, kind="diffusion", config=config)
+                )
             yield cls(
                 config=config, router=router, parser=parser, rewards=pools, arena=arena, **kwargs
             )

@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_lite.engine.router import Router
 from miles_lite.errors import ConfigError
@@ -25,7 +25,7 @@ from miles_lite.rollout.driver import Driver
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.groups import GroupSpec, make_groups
 from miles_lite.rollout.kind import RolloutKind
-from miles_lite.rollout.result import RolloutResult
+from miles_lite.rollout.result import RolloutResult, warn_if_none_kept
 from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.staleness import (
     StalenessPolicy,
@@ -36,6 +36,11 @@ from miles_lite.rollout.staleness import (
 from miles_lite.rollout.startup import startup_step
 from miles_lite.rollout.stream import GroupStream
 from miles_lite.rollout.weights import WeightUpdateReport, update_weights
+
+if TYPE_CHECKING:
+    from miles_lite.rollout.batch import TrainingBatch
+    from miles_lite.training.journal import Journal
+    from miles_lite.training.reader import ResumeState
 
 __all__ = ["Rollout", "open_reward_pools"]
 
@@ -65,12 +70,19 @@ class Rollout:
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None,
         progress: bool,
         max_started_samples: int,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
         self.router = router
         self.kind = kind
         self.scorer = Scorer(rewards or {}, reward=config.reward, group_reward=config.group_reward)
         filters = [] if dynamic_filter is None else dynamic_filter
+        self.journal = None
+        if journal is not None:  # every sample recorded as its generate call ends
+            from miles_lite.training.recorder import JournaledKind, RolloutJournal
+
+            self.journal = RolloutJournal(journal, config.n_samples_per_prompt)
+            kind = JournaledKind(kind, self.journal)
         self.driver = Driver(
             kind,
             self.scorer,
@@ -120,12 +132,24 @@ class Rollout:
         than that when the run ends (the weights moved on during it) is not returned in
         ``groups``: dropped into ``filtered`` (reason ``stale``), or reset and returned in
         ``partial`` (policy ``resume``).
+
+        ``result.summary()`` says the run in one line of words (groups kept, filtered by
+        reason, partial, failed; samples, tokens, seconds). A run that keeps none of the
+        groups it was asked for (every group dropped by ``drop_zero_std``, say) warns a
+        :class:`~miles_lite.errors.RolloutWarning` with that line.
+
+        Text prompts: a plain string is sent as it is, tokenized without the chat
+        template (a base model's completion prompt); a chat ``messages`` list
+        (``[{"role": "user", "content": ...}]``) goes through the tokenizer's chat
+        template with the generation prompt, as a chat model expects.
         """
         if rollout_id is None:
             rollout_id = next(self._rollout_ids)
         groups = self.make_groups(prompts, rollout_id)
         if not groups:
             _log.warning("run() got no prompts: the result is empty (rollout/prompts = 0)")
+        if self.journal is not None:
+            self.journal.begin(groups, rollout_id)
         result = await self.driver.run(
             groups,
             target=self.config.rollout_batch_size,
@@ -134,7 +158,13 @@ class Rollout:
         )
         result.metrics["rollout/prompts"] = float(len(groups))
         result.engines = self.router.urls
-        return self._bound_staleness(result)
+        result.target = self.config.rollout_batch_size
+        result = self._bound_staleness(result)
+        if self.journal is not None:  # durable before it is handed over
+            await self.journal.hand(rollout_id, result.groups)
+            self.journal.end(rollout_id, result)
+        warn_if_none_kept(result, stacklevel=2)  # at the caller's await of run()
+        return result
 
     def stream(
         self,
@@ -169,9 +199,12 @@ class Rollout:
             max_ahead = 2 * batch if batch else max(1, len(prompts))
         if isinstance(max_ahead, bool) or not isinstance(max_ahead, int) or max_ahead < 1:
             raise ConfigError(f"max_ahead must be an int >= 1 (groups), got {max_ahead!r}")
+        groups = self.make_groups(prompts, rollout_id)
+        if self.journal is not None:
+            self.journal.begin(groups, rollout_id)
         return GroupStream(
             self.driver,
-            self.make_groups(prompts, rollout_id),
+            groups,
             versions=self.router.versions,
             max_ahead=max_ahead,
             target=config.rollout_batch_size,
@@ -180,7 +213,28 @@ class Rollout:
             max_staleness=config.max_staleness,
             policy=StalenessPolicy(config.staleness_policy),
             engines=self.router.urls,
+            journal=self.journal,
         )
+
+    async def commit(self, step: int, *, batch: TrainingBatch | None = None) -> None:
+        """Mark the groups handed so far as consumed by training step ``step`` (call it
+        after the trainer's own checkpoint of that step); ``batch``: the
+        :func:`~miles_lite.rollout.training_batch` trained on, whose digest is journaled
+        for replay. Waits until durable. Raises ``ConfigError`` without a journal and
+        :class:`~miles_lite.errors.JournalError` when it cannot be written. See
+        :mod:`miles_lite.training`."""
+        if self.journal is None:
+            raise ConfigError("commit() needs a journal: open the rollout with journal=...")
+        await self.journal.journal.commit(step, batch)
+
+    async def resume(self) -> ResumeState:
+        """Where the journaled run stands (:class:`~miles_lite.training.ResumeState`): the
+        last committed step, the groups handed after it (train on them first), the groups
+        given and never handed (pass them to the next call) and the prompt ids given.
+        Raises ``ConfigError`` without a journal. See :mod:`miles_lite.training`."""
+        if self.journal is None:
+            raise ConfigError("resume() needs a journal: open the rollout with journal=...")
+        return await self.journal.resume()
 
     async def update_weights(
         self,

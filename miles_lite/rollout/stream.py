@@ -47,6 +47,7 @@ from miles_lite.types import Sample
 if TYPE_CHECKING:
     from miles_lite.rollout.driver import Driver
     from miles_lite.rollout.hooks import RunHandle
+    from miles_lite.training.recorder import RolloutJournal
 
 __all__ = ["GroupStream", "StreamStatistics"]
 
@@ -104,7 +105,9 @@ class GroupStream:
         max_staleness: int | None,
         policy: StalenessPolicy,
         engines: tuple[str, ...] = (),
+        journal: RolloutJournal | None = None,
     ) -> None:
+        self._journal = journal  # a group is durable in it before it is yielded
         self._driver = driver
         self._engines = engines
         self._groups = groups
@@ -185,6 +188,8 @@ class GroupStream:
                     self._taken.append(sorted(group, key=lambda s: s.index))
                     self._stats.delivered += 1
                     self._release()
+                    if self._journal is not None:
+                        await self._journal.hand(self._rollout_id, [self._taken[-1]])
                     return self._taken[-1]
                 continue
             if self._done:
@@ -270,6 +275,8 @@ class GroupStream:
         finally:
             if self._driver_result is not None:
                 self._result = self._finish(self._driver_result)
+                if self._journal is not None:
+                    self._journal.end(self._rollout_id, self._result)
 
     def _finish(self, run: RolloutResult) -> RolloutResult:
         """The stream's result from the run's: groups the trainer took; kept groups it did

@@ -16,9 +16,10 @@ ready to resume in the next ``run()``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
@@ -31,6 +32,9 @@ from miles_lite.text.config import TextRolloutConfig
 from miles_lite.text.context import TextContext
 from miles_lite.text.kind import TextKind
 from miles_lite.text.single_turn import generate as single_turn
+
+if TYPE_CHECKING:
+    from miles_lite.training.journal import Journal
 
 __all__ = ["TextRollout"]
 
@@ -61,6 +65,7 @@ class TextRollout(Rollout):
         generate_options: Mapping[str, Any] | None = None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None = None,
         progress: bool = False,
+        journal: Journal | None = None,
     ) -> None:
         self.context = TextContext(
             tokenizer=tokenizer,
@@ -79,6 +84,7 @@ class TextRollout(Rollout):
             rewards=rewards,
             dynamic_filter=dynamic_filter,
             progress=progress,
+            journal=journal,
             max_started_samples=2 * router.capacity,
         )
 
@@ -92,6 +98,7 @@ class TextRollout(Rollout):
         config: TextRolloutConfig | None = None,
         rewards: Mapping[str, Any] | None = None,
         generate: GenerateFn | None = None,
+        journal: str | os.PathLike[str] | Journal | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[TextRollout]:
         """Build the engine client and router (``config.engines``), the reward pools, and
@@ -109,7 +116,10 @@ class TextRollout(Rollout):
         or ``config.group_reward`` it does not hold is a built-in reward by name
         (:data:`~miles_lite.rewards.BUILTIN_REWARDS`: ``math``, ``deepscaler``, ``dapo``,
         ``f1``), else a ``ConfigError`` naming the built-ins, raised before anything
-        starts. Other keywords go to the constructor.
+        starts. ``journal``: a path or a :class:`~miles_lite.training.Journal`: what the
+        rollout makes is journaled there, so a crashed run resumes (``resume()``,
+        ``commit()``; see :mod:`miles_lite.training`); a file of another run raises
+        ``JournalError``. Other keywords go to the constructor.
         """
         from miles_lite.rewards.builtin import with_builtin_rewards  # loads the rewards on use
 
@@ -124,6 +134,12 @@ class TextRollout(Rollout):
             with startup_step(f"waiting for {len(router.urls)} engine(s) to answer /health"):
                 await router.wait_ready()
             pools = await open_reward_pools(stack, rewards, config, arena=None)
+            if journal is not None:  # a path is opened here and closed on exit
+                from miles_lite.training.recorder import open_journal
+
+                kwargs["journal"] = await stack.enter_async_context(
+                    open_journal(journal, kind="text", config=config)
+                )
             rollout = cls(
                 config=config,
                 router=router,

@@ -1,0 +1,361 @@
+"""The rollout journal: what a rollout makes, written to a SQLite file as it is made, so a
+crashed trainer resumes exactly where it committed (see :mod:`miles_lite.training`).
+
+:class:`Journal` owns the file and its one writer thread. The event loop only queues
+writes (a closure each; encoding and SQLite run in the writer) and waits on the disk in
+two places the contract needs: a hand-off (a group is durable before the trainer gets
+it) and a commit. Records: each group given (prompt id, seeds, a template sample), each
+sample as its generate call ends (with the attempt that made it), each group's verdict,
+each group handed (the whole group as handed), each step committed (with the digest of
+its training batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+import sqlite3
+import time
+from array import array
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from miles_lite._core.resources import AsyncResource
+from miles_lite.errors import ConfigError, JournalError
+from miles_lite.training._schema import connect, journal_error
+from miles_lite.training._writer import Write, Writer, WriterStatistics
+from miles_lite.training.codec import encode_samples, encode_value
+from miles_lite.types import Sample
+
+if TYPE_CHECKING:
+    from miles_lite.rollout.batch import TrainingBatch
+    from miles_lite.training.reader import ResumeState
+
+__all__ = ["Journal", "JournalConfig", "WriterStatistics", "config_fields", "prompt_digest"]
+
+#: Settings that may change between the lives of one run (where the engines are, how
+#: many workers, timeouts): left out of the run identity a journal checks.
+_OPERATIONAL = frozenset(
+    {
+        "engines",
+        "reward_workers",
+        "reward_timeout_s",
+        "stop_timeout_s",
+        "tokenize_threads",
+        "parser",
+        "weight_update",
+    }
+)
+#: The metadata key that carries a group's journal id on its samples (a carried-over
+#: group, from ``result.partial`` or a resume, keeps its record).
+GROUP_KEY = "journal_group"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JournalConfig:
+    """How a journal file is kept.
+
+    - ``check``: on open, ``"quick"`` (``PRAGMA quick_check``, the default), ``"full"``
+      (``integrity_check``) or ``"none"``: a torn or corrupt file is refused, never
+      half-read;
+    - ``max_bytes``: the most the file may grow to (``None``: the disk's room); past it a
+      write fails the rollout with :class:`~miles_lite.errors.JournalError`, as a full
+      disk does;
+    - ``queue_size``: sample writes waiting for the writer thread at most; a full queue
+      makes the generate call that ended wait (counted: ``blocked_puts``).
+
+    Usage: ``Journal("run.db", JournalConfig(max_bytes=2**30))``.
+    """
+
+    check: str = "quick"
+    max_bytes: int | None = None
+    queue_size: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.check not in ("quick", "full", "none"):
+            raise ConfigError(
+                f"JournalConfig.check must be 'quick', 'full' or 'none', got {self.check!r}"
+            )
+        if self.max_bytes is not None and (
+            isinstance(self.max_bytes, bool)
+            or not isinstance(self.max_bytes, int)
+            or self.max_bytes < 8192
+        ):
+            raise ConfigError(
+                f"JournalConfig.max_bytes must be an int >= 8192 or None, got {self.max_bytes!r}"
+            )
+        if (
+            isinstance(self.queue_size, bool)
+            or not isinstance(self.queue_size, int)
+            or (self.queue_size < 1)
+        ):
+            raise ConfigError(
+                f"JournalConfig.queue_size must be an int >= 1, got {self.queue_size!r}"
+            )
+
+
+def prompt_digest(prompt: Any) -> str:
+    """A short digest of a prompt (text or chat messages), for the prompt set check."""
+    return hashlib.sha256(encode_value(prompt)).hexdigest()[:24]
+
+
+def config_fields(config: Any) -> dict[str, str]:
+    """The run identity of a rollout config: ``repr`` of each field that decides what is
+    generated (operational ones, such as engine settings, left out)."""
+    return {
+        f.name: repr(getattr(config, f.name))
+        for f in dataclasses.fields(config)
+        if f.name not in _OPERATIONAL
+    }
+
+
+class Journal(AsyncResource):
+    """A rollout journal in the SQLite file at ``path`` (made if absent).
+
+    ``async with Journal("run.db") as journal``, then pass it to a rollout's ``open``
+    (``journal=journal``; a path there opens and closes one for you). Opening checks the
+    file (:class:`JournalConfig` ``check``) and starts the writer thread; closing applies
+    what is queued and closes the file. Raises :class:`~miles_lite.errors.JournalError`
+    for a corrupt file or one of another schema version. Each open is a session: the
+    attempt numbers of its requests are above those of every earlier session.
+    """
+
+    _resource_name = "journal"
+
+    def __init__(self, path: str | os.PathLike[str], config: JournalConfig | None = None) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.config = config or JournalConfig()
+        self.session = 0
+        self._writer: Writer | None = None
+        self._next_gid = 1
+        self._attempts = 0
+        self._prompts: dict[str, str] = {}
+        self._steps: set[int] = set()
+        self._bound: dict[str, str] | None = None
+
+    # -- lifetime --------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        conn = await anyio.to_thread.run_sync(self._connect)
+        self._writer = Writer(conn, self.path, queue_size=self.config.queue_size)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = connect(self.path, check=self.config.check, max_bytes=self.config.max_bytes)
+        try:
+            cursor = conn.execute(
+                "INSERT INTO sessions (opened, pid) VALUES (?, ?)", (time.time(), os.getpid())
+            )
+            self.session = int(cursor.lastrowid or 0)
+            row = conn.execute("SELECT max(gid) FROM groups").fetchone()
+            self._next_gid = (row[0] or 0) + 1
+            self._prompts = dict(conn.execute("SELECT prompt_id, prompt_digest FROM groups"))
+            self._steps = {row[0] for row in conn.execute("SELECT step FROM steps")}
+        except sqlite3.Error as exc:
+            conn.close()
+            raise journal_error(self.path, exc, "opening it") from exc
+        return conn
+
+    async def _close(self) -> None:
+        writer = self._writer
+        if writer is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(writer.close)
+
+    @property
+    def writer(self) -> Writer:
+        self._check_open()
+        assert self._writer is not None
+        return self._writer
+
+    def statistics(self) -> WriterStatistics:
+        """The writer's counters (see :class:`WriterStatistics`)."""
+        return self.writer.statistics()
+
+    # -- run identity ------------------------------------------------------------------
+
+    async def bind(self, kind: str, config: Any) -> None:
+        """Tie the file to one run: ``kind`` (``"text"``, ``"diffusion"``) and the config's
+        identity (:func:`config_fields`). A new file records them; a file of another run
+        raises :class:`~miles_lite.errors.JournalError` naming each field that differs."""
+        fields = {"kind": kind, **config_fields(config)}
+        self._check_open()
+        await anyio.to_thread.run_sync(self._bind, fields)
+        self._bound = fields
+
+    def _bind(self, fields: dict[str, str]) -> None:
+        import json
+
+        with sqlite3.connect(self.path) as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
+        if row is None:
+            value = json.dumps(fields, sort_keys=True)
+            self._submit(Write(lambda c: c.execute("INSERT INTO meta VALUES ('run', ?)", (value,))))
+            return
+        recorded: dict[str, str] = json.loads(row[0])
+        differs = [
+            f"{name}: journal {recorded.get(name, '(absent)')}, now {fields.get(name, '(absent)')}"
+            for name in sorted(set(recorded) | set(fields))
+            if recorded.get(name) != fields.get(name)
+        ]
+        if differs:
+            raise JournalError(
+                f"journal {self.path} is of another run; what differs: "
+                + "; ".join(differs)
+                + ". Open a new journal file for a new run"
+            )
+
+    # -- records -----------------------------------------------------------------------
+
+    def _submit(self, write: Write) -> None:
+        """Queue a control write (a few per run: never refused for room)."""
+        self.writer.put(write)
+
+    def give(self, groups: Sequence[list[Sample]], rollout_id: int) -> list[int]:
+        """Record the groups of one call (one id each, returned in order); a group carried
+        over (its samples hold ``metadata["journal_group"]``) keeps its id. Raises
+        :class:`~miles_lite.errors.JournalError` when a prompt id the journal knows comes
+        with another prompt (a different prompt set)."""
+        gids: list[int] = []
+        rows: list[tuple[Any, ...]] = []
+        for group in groups:
+            first = group[0] if group else None
+            known = None if first is None else first.metadata.get(GROUP_KEY)
+            if isinstance(known, int):
+                gids.append(known)
+                continue
+            gid = self._next_gid
+            self._next_gid += 1
+            gids.append(gid)
+            if first is None:
+                continue
+            prompt_id = first.metadata.get("prompt_id")
+            digest = prompt_digest(first.prompt)
+            key = f"sha:{digest}" if prompt_id is None else str(prompt_id)
+            seen = self._prompts.get(key)
+            if seen is not None and seen != digest:
+                raise JournalError(
+                    f"journal {self.path}: prompt id {key!r} was journaled with another"
+                    f" prompt (digest {seen}, now {digest}): a different prompt set; open"
+                    " a new journal file for it"
+                )
+            self._prompts[key] = digest
+            for sample in group:
+                sample.metadata[GROUP_KEY] = gid
+            seeds = array("q", [s.seed or 0 for s in group]).tobytes()
+            rows.append((gid, key, digest, len(group), seeds, first, self.session, rollout_id))
+        if rows:
+
+            def apply(conn: sqlite3.Connection) -> None:
+                conn.executemany(
+                    "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+                    [(*r[:5], encode_samples([r[5]]), *r[6:]) for r in rows],
+                )
+
+            self._submit(Write(apply))
+        return gids
+
+    def next_attempt(self) -> int:
+        """A new attempt number, above every earlier one (this session's and before)."""
+        self._attempts += 1
+        return (self.session << 32) | self._attempts
+
+    async def record(self, gid: int, slot: int, attempt: int, samples: list[Sample]) -> None:
+        """Record what the generate call ``attempt`` made for place ``slot`` of group
+        ``gid`` (queued; waits only when the queue is full). A record of an older attempt
+        never supersedes a newer one: the newest attempt of a place is the one read."""
+        status = samples[0].status.value if samples else "pending"
+
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)",
+                (gid, slot, attempt, status, encode_samples(samples)),
+            )
+
+        write = Write(apply, samples=len(samples), counted=True)
+        writer = self.writer
+        if writer.error is not None:
+            return  # the hand-off raises it: a generate call is no place to fail the run
+        if not writer.put(write):
+            await anyio.to_thread.run_sync(writer.put_blocking, write)
+
+    def verdicts(self, verdicts: Sequence[tuple[int, str, str | None]]) -> None:
+        """Record (group id, ``kept`` / ``filtered`` / ``partial``, reason) of groups."""
+        if not verdicts:
+            return
+        rows = [(v, r, g) for g, v, r in verdicts]
+        self._submit(
+            Write(
+                lambda c: c.executemany(
+                    "UPDATE groups SET verdict = ?, reason = ? WHERE gid = ?", rows
+                )
+            )
+        )
+
+    async def hand(self, groups: Sequence[tuple[int, list[Sample]]]) -> None:
+        """Record ``(group id, samples)`` as handed to the trainer and wait until durable.
+        Raises :class:`~miles_lite.errors.JournalError` when it cannot be written."""
+        session = self.session
+
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO handed (gid, session, blob) VALUES (?, ?, ?)",
+                [(gid, session, encode_samples(g)) for gid, g in groups],
+            )
+            conn.executemany(
+                "UPDATE groups SET verdict = 'handed' WHERE gid = ?", [(g,) for g, _ in groups]
+            )
+
+        await self._durable(Write(apply, samples=sum(len(g) for _, g in groups), durable=True))
+
+    async def commit(self, step: int, batch: TrainingBatch | None = None) -> None:
+        """Mark every group handed and not yet committed as consumed by ``step`` (call it
+        after the trainer's own checkpoint of that step), with the digest of ``batch``
+        (the :func:`~miles_lite.rollout.training_batch` trained on, for replay); waits
+        until durable. Raises :class:`~miles_lite.errors.JournalError` when it cannot be
+        written, or ``step`` was committed before."""
+        from miles_lite.training.replay import batch_digest
+
+        if step in self._steps:
+            raise JournalError(f"journal {self.path}: step {step} was committed before")
+        self._steps.add(step)
+        digest = None if batch is None else batch_digest(batch)
+        packed = int(batch is not None and batch.packed)
+        dtype = None if batch is None else str(batch.rollout_log_probs.dtype).split(".")[-1]
+        session = self.session
+
+        def apply(conn: sqlite3.Connection) -> None:
+            cursor = conn.execute("UPDATE handed SET step = ? WHERE step IS NULL", (step,))
+            conn.execute(
+                "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (step, digest, packed, dtype, cursor.rowcount, session, time.time()),
+            )
+
+        await self._durable(Write(apply, durable=True))
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is durable."""
+        await self._durable(Write(lambda c: None, durable=True))
+
+    async def _durable(self, write: Write) -> None:
+        done: Future[None] = Future()
+        write.done = done
+        self.writer.put(write)
+        await asyncio.wrap_future(done)  # the writer resolves it
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def resume(self) -> ResumeState:
+        """What a restarted trainer needs (see :class:`~miles_lite.training.ResumeState`),
+        read after everything queued is durable."""
+        from miles_lite.training.reader import read_resume
+
+        await self.flush()
+        return await anyio.to_thread.run_sync(read_resume, self.path)

@@ -1,0 +1,131 @@
+"""A rollout's side of its journal: what the rollout calls at each event of a run
+(:class:`RolloutJournal`), and the kind wrapper that records each sample as its generate
+call ends (:class:`JournaledKind`).
+
+Events and records: the groups of a ``run()``/``stream()`` call are given (:meth:`begin`);
+each generate call takes an attempt number before it sends anything and its samples are
+recorded when it ends (queued, never waiting on the disk); a kept group is handed
+durably (:meth:`hand`: ``stream()`` before it yields, ``run()`` before it returns); the
+verdicts of filtered and partial groups are recorded when the call ends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from miles_lite.rollout.context import RunContext
+from miles_lite.rollout.kind import KindMetrics, RolloutKind
+from miles_lite.rollout.result import RolloutResult
+from miles_lite.rollout.spans import UnitSpan
+from miles_lite.training.journal import GROUP_KEY, Journal
+from miles_lite.training.reader import ResumeState
+from miles_lite.types import Sample
+
+__all__ = ["JournaledKind", "RolloutJournal", "open_journal"]
+
+
+class RolloutJournal:
+    """The events of one rollout's runs, into ``journal``; ``n_samples`` per group."""
+
+    def __init__(self, journal: Journal, n_samples: int) -> None:
+        self.journal = journal
+        self.n_samples = n_samples
+        self._gids: dict[int, list[int]] = {}  # per rollout id: the journal id of each group
+
+    def begin(self, groups: Sequence[list[Sample]], rollout_id: int) -> None:
+        """The groups of the call with ``rollout_id`` are given."""
+        self._gids[rollout_id] = self.journal.give(groups, rollout_id)
+
+    def gid(self, rollout_id: int, group_index: int) -> int | None:
+        gids = self._gids.get(rollout_id)
+        return None if gids is None or group_index >= len(gids) else gids[group_index]
+
+    async def hand(self, rollout_id: int, groups: Sequence[list[Sample]]) -> None:
+        """``groups`` (of the call ``rollout_id``) go to the trainer: durable first."""
+        items = []
+        for group in groups:
+            gid = self._group_gid(rollout_id, group)
+            if gid is not None:
+                items.append((gid, group))
+        if items:
+            await self.journal.hand(items)
+
+    def end(self, rollout_id: int, result: RolloutResult) -> None:
+        """The call ended with ``result`` (its kept groups handed): record its verdicts."""
+        verdicts: list[tuple[int, str, str | None]] = []
+        for group, reason in zip(result.filtered, result.filter_reasons, strict=False):
+            gid = self._group_gid(rollout_id, group)
+            if gid is not None:
+                verdicts.append((gid, "filtered", reason))
+        for group in result.partial:
+            gid = self._group_gid(rollout_id, group)
+            if gid is not None:
+                verdicts.append((gid, "partial", None))
+        self.journal.verdicts(verdicts)
+        self._gids.pop(rollout_id, None)
+
+    def _group_gid(self, rollout_id: int, group: list[Sample]) -> int | None:
+        if not group:
+            return None
+        known = group[0].metadata.get(GROUP_KEY)
+        if isinstance(known, int):
+            return known
+        return self.gid(rollout_id, group[0].group_index)
+
+    async def resume(self) -> ResumeState:
+        return await self.journal.resume()
+
+
+class JournaledKind:
+    """``kind`` with each generate call's samples recorded in ``journal`` as it ends (see
+    the module docstring); everything else is ``kind``'s."""
+
+    def __init__(self, kind: RolloutKind, journal: RolloutJournal) -> None:
+        self.kind = kind
+        self.journal = journal
+        self.drain_on_stop = kind.drain_on_stop
+
+    def units(self, group: list[Sample]) -> list[list[Sample]]:
+        return self.kind.units(group)
+
+    async def generate(self, unit: list[Sample], span: UnitSpan, run: RunContext) -> list[Sample]:
+        recorder = self.journal
+        attempt = recorder.journal.next_attempt()
+        # Places (and the group) from the samples given: what comes back may be new objects.
+        n = recorder.n_samples
+        places = [(s.group_index, s.index - s.group_index * n) for s in unit]
+        gid = recorder.gid(run.rollout_id, places[0][0]) if places else None
+        if unit:
+            known = unit[0].metadata.get(GROUP_KEY)
+            gid = known if isinstance(known, int) else gid
+        out = await self.kind.generate(unit, span, run)
+        if gid is not None:
+            if len(out) == len(unit):
+                for sample, (_, slot) in zip(out, places, strict=True):
+                    await recorder.journal.record(gid, slot, attempt, [sample])
+            elif out:
+                await recorder.journal.record(gid, places[0][1], attempt, list(out))
+        return out
+
+    async def abort(self, run: RunContext, *, alone: bool) -> dict[str, float]:
+        return await self.kind.abort(run, alone=alone)
+
+    def measure(self) -> AbstractContextManager[KindMetrics]:
+        return self.kind.measure()
+
+
+@asynccontextmanager
+async def open_journal(
+    journal: str | os.PathLike[str] | Journal, *, kind: str, config: Any
+) -> AsyncIterator[Journal]:
+    """The journal a rollout's ``open`` was given: a path is opened (and closed on exit),
+    a :class:`Journal` is used as it is (its owner closes it); either is bound to this
+    run (``kind``, ``config``), so a file of another run is refused."""
+    async with AsyncExitStack() as stack:
+        if not isinstance(journal, Journal):
+            journal = await stack.enter_async_context(Journal(journal))
+        await journal.bind(kind, config)
+        yield journal
