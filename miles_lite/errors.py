@@ -9,6 +9,7 @@
     ├── EventLoopError (also RuntimeError)   run_sync called where an event loop runs: await
     ├── EngineError                          talking to an inference engine
     │   ├── EngineUnavailableError           refused (retryable) / reset after sending
+    │   │   └── EngineNotReadyError          no engine answered /health within the ready wait
     │   ├── EngineTimeoutError               connect timeout (retryable) / no answer
     │   ├── EngineStatusError                non-2xx answer (retryable on 502/503/504)
     │   ├── EngineProtocolError              answer not in the wire format (truncated, ...)
@@ -52,6 +53,7 @@ __all__ = [
     "ConfigError",
     "EngineControlError",
     "EngineError",
+    "EngineNotReadyError",
     "EngineProtocolError",
     "EngineStatusError",
     "EngineTimeoutError",
@@ -164,6 +166,31 @@ class EngineUnavailableError(EngineError):
     Retryable only when the request never reached the engine (refused, DNS, no route):
     a reset after the request went out is not retried, so that no generation runs twice.
     """
+
+
+class EngineNotReadyError(EngineUnavailableError):
+    """Raised when no engine of a router answered ``/health`` within its ready wait
+    (``RouterConfig.ready_timeout_s``), so the rollout could not open.
+
+    ``urls``: the engines that did not answer; ``refused``: those of them where nothing
+    listens (the connection was refused); ``timeout_s``: the wait, in seconds. A front
+    end says it in its own words (the CLI names ``--wait-for-engines``).
+
+    Usage: ``except EngineNotReadyError as exc: print(exc.refused)``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        urls: tuple[str, ...],
+        refused: tuple[str, ...] = (),
+        timeout_s: float,
+    ) -> None:
+        super().__init__(message)
+        self.urls = urls
+        self.refused = refused
+        self.timeout_s = timeout_s
 
 
 class EngineTimeoutError(EngineError):
