@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from miles_lite.cli._args import build_parser
+from miles_lite.cli._args import CommandParser, build_parser
 from miles_lite.cli.paths import CliError, load_function, load_object
 from miles_lite.errors import ConfigError
 
@@ -30,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``miles-lite``; returns the exit status (0: every kept sample
     finished; 1: some failed; 2: a mistake, said in one line)."""
     parser, commands = build_parser()
-    args, _ = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    command_parser = commands.get(args.command, parser)
     options: dict[str, Any] = {}
     generate = None
     path = getattr(args, "custom_generate_function_path", None)
@@ -38,9 +39,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             generate = load_function(path)
         except ConfigError as exc:
-            parser.error(str(exc))
-        options = _function_flags(generate, commands[args.command])
-    args = parser.parse_args(argv)
+            command_parser.error(f"--custom-generate-function-path: {exc}")
+        options = _function_flags(generate, command_parser)
+        args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Said by the command's parser: it knows the command's flags (argparse's own
+        # message is the top-level usage, with no "did you mean").
+        if isinstance(command_parser, CommandParser):
+            command_parser.unrecognized(extra)
+        command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     # The values of the generate function's own flags reach it as ``input.options``.
     options = {dest: getattr(args, dest) for dest in options}
     module = {"demo": "demo", "serve": "demo", "text": "text"}.get(args.command, "diffusion")

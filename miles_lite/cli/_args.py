@@ -1,11 +1,102 @@
 """The ``miles-lite`` command line: every command and flag, with the standard library only
-(so ``miles-lite --help`` answers at once; the commands import the library when run)."""
+(so ``miles-lite --help`` answers at once; the commands import the library when run).
+
+The command line owns no library default: a flag the user did not give is ``None`` and
+never reaches a config class, which owns the default. ``--help`` shows those defaults
+from :data:`CONFIG_DEFAULTS` (importing the config classes would import torch), which a
+test holds equal to the classes' field defaults.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
-__all__ = ["build_parser"]
+__all__ = ["CONFIG_DEFAULTS", "CommandParser", "build_parser"]
+
+#: What ``--help`` shows for the flags whose value a config class owns, by command and
+#: destination; the flags themselves default to ``None`` (not given). A test holds each
+#: to the field default of the class that owns it (``tests/cli/test_defaults.py``).
+CONFIG_DEFAULTS: dict[str, dict[str, object]] = {
+    "text": {
+        "samples_per_prompt": 4,  # RolloutConfig.n_samples_per_prompt
+        "seed": 0,  # RolloutConfig.seed
+        "reward_workers": 1,  # RolloutConfig.reward_workers
+        "max_inflight_per_engine": 256,  # TextRolloutConfig.engines.router
+        "wait_for_engines": 5.0,  # RouterConfig.ready_timeout_s
+        "max_new_tokens": 1024,  # TextSamplingParams
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "generate_max_turns": 16,  # MultiTurnOptions
+        "generate_tool_call_parser": "qwen",
+        "generate_tool_timeout_s": 30.0,
+        "benchmark_min_new_tokens": 1,  # Benchmark
+    },
+    "diffusion": {
+        "samples_per_prompt": 4,
+        "seed": 0,
+        "reward_workers": 1,
+        "max_inflight_per_engine": 4,  # DiffusionRolloutConfig.engines.router
+        "wait_for_engines": 5.0,
+        "microgroup_size": 2,  # DiffusionRolloutConfig
+        "transport": "pool",
+        "parser_workers": 2,  # ParserPoolConfig.workers
+        "arena_mb": 1024,  # ArenaConfig.size_bytes >> 20
+    },
+}
+#: The demo has no engine flags, and its samples per prompt depend on the kind.
+CONFIG_DEFAULTS["demo"] = {
+    k: v
+    for k, v in CONFIG_DEFAULTS["diffusion"].items()
+    if k not in ("samples_per_prompt", "max_inflight_per_engine", "wait_for_engines")
+}
+
+
+def _default(command: str, dest: str) -> str:
+    """`` (default X)`` for the help of a flag whose default a config class owns."""
+    value = CONFIG_DEFAULTS[command][dest]
+    return f" (default {value:g})" if isinstance(value, float) else f" (default {value})"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line on stderr, naming the flag and the
+    nearest valid flag or choice, with exit status 2 (no usage block); prefixes of long
+    flags are not taken for the flag (``allow_abbrev=False``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: MESSAGE`` on one line on stderr and exit 2."""
+        self.exit(2, f"{self.prog}: {' '.join(message.split())}\n")
+
+    def unrecognized(self, extra: Sequence[str]) -> NoReturn:
+        """The one-line error for arguments this command does not take: the first unknown
+        flag and the nearest flag it has, if one is close."""
+        flags = [s for s in extra if s.startswith("-")]
+        if not flags:
+            self.error(f"unexpected argument {extra[0]!r} (see {self.prog} --help)")
+        flag = flags[0].split("=", 1)[0]
+        known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f" (see {self.prog} --help)"
+        self.error(f"unknown flag {flag}{hint}")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's message lists the choices only; add the nearest one.
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(c) for c in choices]
+        close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise argparse.ArgumentError(
+            action, f"invalid choice {value!r}{hint} (choose from {', '.join(names)})"
+        )
+
 
 DESCRIPTION = """\
 miles_lite: the rollout layer of RL post-training, without Ray.
@@ -18,16 +109,18 @@ miles_lite: the rollout layer of RL post-training, without Ray.
 """
 
 
-def _run_flags(parser: argparse.ArgumentParser, *, samples: int | None) -> None:
+def _run_flags(parser: argparse.ArgumentParser, command: str) -> None:
     """Flags every rollout command has."""
+    shown = CONFIG_DEFAULTS[command]
     g = parser.add_argument_group("rollout")
     g.add_argument(
         "--n-samples-per-prompt",
         "--samples-per-prompt",
         dest="samples_per_prompt",
         type=int,
-        default=samples,
-        help="samples per prompt (a group)",
+        default=None,
+        help="samples per prompt (a group)"
+        + (_default(command, "samples_per_prompt") if "samples_per_prompt" in shown else ""),
     )
     g.add_argument(
         "--rollout-batch-size",
@@ -41,8 +134,18 @@ def _run_flags(parser: argparse.ArgumentParser, *, samples: int | None) -> None:
         default=None,
         help="groups started at a time while more are needed (default: --rollout-batch-size)",
     )
-    g.add_argument("--seed", type=int, default=0, help="base seed of the samples' seeds")
-    g.add_argument("--reward-workers", type=int, default=1, help="processes of each reward pool")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="base seed of the samples' seeds" + _default(command, "seed"),
+    )
+    g.add_argument(
+        "--reward-workers",
+        type=int,
+        default=None,
+        help="processes of each reward pool" + _default(command, "reward_workers"),
+    )
     g.add_argument(
         "--custom-generate-function-path",
         default=None,
@@ -69,7 +172,7 @@ def _run_flags(parser: argparse.ArgumentParser, *, samples: int | None) -> None:
     out.add_argument("--uvloop", action="store_true", help="run the event loop on uvloop")
 
 
-def _engine_flags(parser: argparse.ArgumentParser, *, inflight: int) -> None:
+def _engine_flags(parser: argparse.ArgumentParser, command: str) -> None:
     g = parser.add_argument_group("engines")
     g.add_argument(
         "--engine-url",
@@ -83,16 +186,17 @@ def _engine_flags(parser: argparse.ArgumentParser, *, inflight: int) -> None:
         "--sglang-server-concurrency",
         dest="max_inflight_per_engine",
         type=int,
-        default=inflight,
-        help=f"requests each engine takes at once (default {inflight})",
+        default=None,
+        help="requests each engine takes at once" + _default(command, "max_inflight_per_engine"),
     )
     g.add_argument(
         "--wait-for-engines",
         type=float,
-        default=5.0,
+        default=None,
         metavar="SECONDS",
-        help="how long to wait for the engines to answer /health (600 for engines"
-        " still loading weights)",
+        help="how long to wait for the engines to answer /health; an engine still loading"
+        " weights refuses connections, which only a wait over 5 s waits out (600 for"
+        " such engines)" + _default(command, "wait_for_engines"),
     )
 
 
@@ -103,24 +207,25 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
         "--rollout-max-response-len",
         dest="max_new_tokens",
         type=int,
-        default=1024,
-        help="output tokens per sample at most",
+        default=None,
+        help="output tokens per sample at most" + _default("text", "max_new_tokens"),
     )
     g.add_argument(
         "--temperature",
         "--rollout-temperature",
         dest="temperature",
         type=float,
-        default=1.0,
-        help="sampling temperature",
+        default=None,
+        help="sampling temperature, >= 0" + _default("text", "temperature"),
     )
     g.add_argument(
         "--top-p",
         "--rollout-top-p",
         dest="top_p",
         type=float,
-        default=1.0,
-        help="nucleus sampling: the smallest set of tokens holding this probability",
+        default=None,
+        help="nucleus sampling: the smallest set of tokens holding this probability, in"
+        " (0, 1]" + _default("text", "top_p"),
     )
     g.add_argument(
         "--max-context-len",
@@ -164,7 +269,12 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
         default="single-turn",
         help="single-turn /generate, multi-turn tool calling, or random output lengths",
     )
-    gen.add_argument("--generate-max-turns", type=int, default=16, help="multi-turn: turns")
+    gen.add_argument(
+        "--generate-max-turns",
+        type=int,
+        default=None,
+        help="multi-turn: turns" + _default("text", "generate_max_turns"),
+    )
     gen.add_argument(
         "--generate-tool-specs-path",
         default=None,
@@ -178,12 +288,22 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
         help="multi-turn: async (name, arguments) -> str",
     )
     gen.add_argument(
-        "--generate-tool-call-parser", default="qwen", help="multi-turn: qwen, qwen25 or hermes"
+        "--generate-tool-call-parser",
+        default=None,
+        help="multi-turn: qwen, qwen25 or hermes" + _default("text", "generate_tool_call_parser"),
     )
     gen.add_argument(
-        "--generate-tool-timeout-s", type=float, default=30.0, help="multi-turn: bound per tool"
+        "--generate-tool-timeout-s",
+        type=float,
+        default=None,
+        help="multi-turn: bound per tool, seconds" + _default("text", "generate_tool_timeout_s"),
     )
-    gen.add_argument("--benchmark-min-new-tokens", type=int, default=1, help="benchmark")
+    gen.add_argument(
+        "--benchmark-min-new-tokens",
+        type=int,
+        default=None,
+        help="benchmark" + _default("text", "benchmark_min_new_tokens"),
+    )
     gen.add_argument(
         "--benchmark-max-new-tokens",
         type=int,
@@ -198,19 +318,41 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _diffusion_flags(parser: argparse.ArgumentParser, *, demo: bool) -> None:
+def _diffusion_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    demo = command == "demo"
     g = parser.add_argument_group("diffusion")
-    g.add_argument("--microgroup-size", type=int, default=2, help="samples per request")
-    g.add_argument("--steps", type=int, default=8, help="num_inference_steps")
+    g.add_argument(
+        "--microgroup-size",
+        type=int,
+        default=None,
+        help="samples per request" + _default(command, "microgroup_size"),
+    )
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="num_inference_steps (default: the engine's, for its model)",
+    )
     g.add_argument(
         "--transport",
         choices=["pool", "inline"],
-        default="pool",
-        help="decode bodies in the parser pool, or on the event loop",
+        default=None,
+        help="decode bodies in the parser pool, or on the event loop"
+        + _default(command, "transport"),
     )
     g.add_argument("--fetch-in-parser", action="store_true", help="parser workers fetch the bodies")
-    g.add_argument("--parser-workers", type=int, default=2, help="parser pool processes")
-    g.add_argument("--arena-mb", type=int, default=256, help="shared-memory arena (MiB)")
+    g.add_argument(
+        "--parser-workers",
+        type=int,
+        default=None,
+        help="parser pool processes" + _default(command, "parser_workers"),
+    )
+    g.add_argument(
+        "--arena-mb",
+        type=int,
+        default=None,
+        help="shared-memory arena (MiB)" + _default(command, "arena_mb"),
+    )
     g.add_argument(
         "--reward",
         choices=["clip", "mean", "none"],
@@ -232,7 +374,7 @@ def _diffusion_flags(parser: argparse.ArgumentParser, *, demo: bool) -> None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The ``miles-lite`` parser and each command's parser by name."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="miles-lite",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -259,7 +401,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         metavar="DIR",
         help="where traces and timelines go (default: a miles-lite-demo folder in the temp dir)",
     )
-    _run_flags(demo, samples=None)
+    _run_flags(demo, "demo")
     e = demo.add_argument_group("stand-in engines")
     e.add_argument("--engines", type=int, default=2, help="diffusion stand-ins")
     e.add_argument("--latent-size", type=int, default=32, help="latent height and width")
@@ -285,7 +427,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         default=0.004,
         help="text stand-in: seconds per output token",
     )
-    _diffusion_flags(demo, demo=True)
+    _diffusion_flags(demo, "demo")
 
     text = sub.add_parser(
         "text",
@@ -294,7 +436,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         " running engines. Prompts: a JSONL file, one object per line with the prompt (a"
         " string or a chat messages list) under --input-key and the label under --label-key.",
     )
-    _engine_flags(text, inflight=256)
+    _engine_flags(text, "text")
     t = text.add_argument_group("data")
     t.add_argument(
         "--tokenizer",
@@ -308,7 +450,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     t.add_argument("--input-key", default="prompt", help="the prompt's key in each line")
     t.add_argument("--label-key", default="label", help="the label's key in each line")
     t.add_argument("--output", default=None, metavar="FILE", help="write the samples here as JSONL")
-    _run_flags(text, samples=4)
+    _run_flags(text, "text")
     _text_flags(text)
 
     diffusion = sub.add_parser(
@@ -316,14 +458,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         aliases=["rollout"],
         help="a diffusion rollout against running SGLang-diffusion engines",
     )
-    _engine_flags(diffusion, inflight=4)
+    _engine_flags(diffusion, "diffusion")
     d = diffusion.add_argument_group("data")
     d.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")
     d.add_argument("--width", type=int, default=None, help="image width (the model's default)")
     d.add_argument("--height", type=int, default=None, help="image height (the model's default)")
     d.add_argument("--num-frames", type=int, default=None, help="video frames (video models)")
-    _run_flags(diffusion, samples=4)
-    _diffusion_flags(diffusion, demo=False)
+    _run_flags(diffusion, "diffusion")
+    _diffusion_flags(diffusion, "diffusion")
 
     serve = sub.add_parser(
         "serve",
@@ -336,4 +478,5 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     serve.add_argument("--port", type=int, default=30000, help="0: any free port")
     serve.add_argument("--token-latency", type=float, default=0.004, help="text: s per token")
     serve.add_argument("--step-latency", type=float, default=0.02, help="diffusion: s per step")
-    return parser, {"demo": demo, "text": text, "diffusion": diffusion, "rollout": diffusion}
+    commands = {"demo": demo, "text": text, "diffusion": diffusion, "rollout": diffusion}
+    return parser, {**commands, "serve": serve}

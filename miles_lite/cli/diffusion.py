@@ -8,19 +8,19 @@ import argparse
 import functools
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from miles_lite.cli.config_flags import DIFFUSION_FIELDS, apply_flags, given
 from miles_lite.cli.paths import CliError, load_function, one_line_errors
+from miles_lite.cli.preflight import check_engine_urls, check_outputs
 from miles_lite.cli.report import report, say_startup_steps, write_pictures
-from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
-from miles_lite.engine.config import EngineConfig, RouterConfig
-from miles_lite.pools.arena import ArenaConfig
-from miles_lite.pools.parser_pool import ParserPoolConfig
+from miles_lite.diffusion.config import DiffusionRolloutConfig
 from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.result import RolloutResult
 
-__all__ = ["DEMO_PROMPTS", "build_config", "build_reward", "rollout", "run"]
+__all__ = ["DEMO_PROMPTS", "build_config", "build_reward", "check_reward", "rollout", "run"]
 
 DEMO_PROMPTS = [
     "a red fox in fresh snow",
@@ -35,34 +35,15 @@ DEMO_PROMPTS = [
 
 
 def build_config(args: argparse.Namespace, *, frames: int | None = None) -> DiffusionRolloutConfig:
-    """The rollout's config from its flags (``ConfigError`` names a bad value)."""
+    """The rollout's config: :class:`DiffusionRolloutConfig`'s defaults with the flags the
+    user gave (:data:`~miles_lite.cli.config_flags.DIFFUSION_FIELDS`; ``frames``: the
+    demo's video frames, when ``--num-frames`` is not given); :class:`CliError` naming a
+    flag whose value the config refuses. No I/O."""
     reward = None if args.reward == "none" and not args.reward_function_path else "score"
-    return DiffusionRolloutConfig(
-        n_samples_per_prompt=args.samples_per_prompt or 4,
-        microgroup_size=args.microgroup_size,
-        seed=args.seed,
-        rollout_batch_size=args.rollout_batch_size,
-        over_sampling_batch_size=args.over_sampling_batch_size,
-        sampling=DiffusionSamplingParams(
-            num_inference_steps=args.steps,
-            width=getattr(args, "width", None),
-            height=getattr(args, "height", None),
-            num_frames=getattr(args, "num_frames", None) or frames,
-        ),
-        transport=args.transport,
-        fetch_in_parser=args.fetch_in_parser,
-        reward=reward,
-        reward_workers=args.reward_workers,
-        engines=EngineConfig(
-            router=RouterConfig(
-                max_inflight_per_engine=getattr(args, "max_inflight_per_engine", 4),
-                ready_timeout_s=getattr(args, "wait_for_engines", 5.0),
-            )
-        ),
-        parser=ParserPoolConfig(
-            workers=args.parser_workers, arena=ArenaConfig(size_bytes=args.arena_mb << 20)
-        ),
-    )
+    config = DiffusionRolloutConfig(reward=reward)
+    if frames is not None:
+        config = replace(config, sampling=replace(config.sampling, num_frames=frames))
+    return apply_flags(config, given(args, DIFFUSION_FIELDS))
 
 
 def build_reward(args: argparse.Namespace, tmp: Path, *, demo: bool) -> dict[str, Any]:
@@ -78,20 +59,25 @@ def build_reward(args: argparse.Namespace, tmp: Path, *, demo: bool) -> dict[str
         from miles_lite.rewards.functions import latent_mean_reward
 
         return {"score": latent_mean_reward}
+    check_reward(args, demo=demo)
     from miles_lite.rewards.clip_reward import ClipReward
 
     if args.clip_model:
         return {"score": ClipReward(model_path=args.clip_model, tokenizer=args.clip_tokenizer)}
-    if not demo:
+    from miles_lite.rewards.tiny_clip import tiny_clip
+
+    config, tokenizer_dir = tiny_clip(tmp)
+    return {"score": ClipReward(config=config, tokenizer=tokenizer_dir)}
+
+
+def check_reward(args: argparse.Namespace, *, demo: bool) -> None:
+    """``--reward clip`` against real engines names a ``--clip-model`` (no I/O)."""
+    if args.reward == "clip" and not args.clip_model and not args.reward_function_path and not demo:
         raise CliError(
             "--reward clip against real engines needs --clip-model (a PickScore/CLIP"
             " checkpoint folder): a randomly initialised CLIP scores noise; or use"
             " --reward mean, --reward none, or --reward-function-path"
         )
-    from miles_lite.rewards.tiny_clip import tiny_clip
-
-    config, tokenizer_dir = tiny_clip(tmp)
-    return {"score": ClipReward(config=config, tokenizer=tokenizer_dir)}
 
 
 async def rollout(
@@ -151,6 +137,11 @@ def run(args: argparse.Namespace, *, generate: GenerateFn | None, options: dict[
     say_startup_steps()
     prompts = args.prompt or DEMO_PROMPTS[:4]
     with one_line_errors():
+        # Everything that needs no I/O first: the URLs, every flag's value, the outputs.
+        check_engine_urls(args.engine_url)
+        build_config(args)
+        check_reward(args, demo=False)
+        check_outputs(output=None, trace=args.trace, timeline=args.timeline)
         result = run_on(
             args.engine_url, args, prompts=prompts, generate=generate, options=options, demo=False
         )

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from miles_lite.errors import ConfigError, MilesLiteError
+from miles_lite.errors import ConfigError, EngineNotReadyError, MilesLiteError
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["CliError", "load_function", "load_object", "one_line_errors"]
+__all__ = ["CliError", "load_function", "load_object", "not_ready_line", "one_line_errors"]
 
 
 class CliError(Exception):
@@ -70,6 +70,24 @@ def one_line_errors(*extra: type[BaseException]) -> Iterator[None]:
         raise
     except BaseException as exc:
         leaf = _leaf(exc)
+        if isinstance(leaf, EngineNotReadyError):
+            raise CliError(not_ready_line(leaf)) from exc
         if isinstance(leaf, (MilesLiteError, OSError, *extra)):
             raise CliError(" ".join(str(leaf).split()) or type(leaf).__name__) from exc
         raise
+
+
+def not_ready_line(exc: EngineNotReadyError) -> str:
+    """The command line's words for engines that did not answer ``/health``: its flags
+    (``--engine-url``, ``--wait-for-engines``), not the config class a Python user sets."""
+    said = []
+    if exc.refused:
+        said.append(f"nothing listens at {', '.join(exc.refused)} (connection refused on /health)")
+    quiet = [url for url in exc.urls if url not in exc.refused]
+    if quiet:
+        said.append(f"no answer to /health within {exc.timeout_s:g} s from {', '.join(quiet)}")
+    return (
+        "; ".join(said) + "; check --engine-url and that the server runs there (an engine"
+        " still loading weights refuses connections, then answers 503: give it time with"
+        " --wait-for-engines 600)"
+    )

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from miles_lite.cli.config_flags import TEXT_FIELDS, apply_flags, given
 from miles_lite.cli.paths import CliError, load_function, load_object, one_line_errors
+from miles_lite.cli.preflight import check_engine_urls, check_outputs
 from miles_lite.cli.report import report, say_startup_steps, write_pictures
-from miles_lite.engine.config import EngineConfig, RouterConfig
 from miles_lite.errors import ConfigError
 from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.filters import GroupFilter, drop_aborted, drop_failed, drop_zero_std
@@ -50,26 +51,11 @@ _FILTERS: dict[str, GroupFilter] = {
 
 
 def build_config(args: argparse.Namespace) -> TextRolloutConfig:
-    """The rollout's config from its flags (``ConfigError`` names a bad value)."""
-    reward = _reward_kind(args)
-    return TextRolloutConfig(
-        n_samples_per_prompt=args.samples_per_prompt,
-        seed=args.seed,
-        reward=reward,
-        reward_workers=args.reward_workers,
-        rollout_batch_size=args.rollout_batch_size,
-        over_sampling_batch_size=args.over_sampling_batch_size,
-        sampling=TextSamplingParams(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
-        ),
-        max_context_len=args.max_context_len,
-        engines=EngineConfig(
-            router=RouterConfig(
-                max_inflight_per_engine=args.max_inflight_per_engine,
-                ready_timeout_s=args.wait_for_engines,
-            )
-        ),
-    )
+    """The rollout's config: :class:`TextRolloutConfig`'s defaults with the flags the user
+    gave (:data:`~miles_lite.cli.config_flags.TEXT_FIELDS`); :class:`CliError` naming a
+    flag whose value the config refuses. No I/O."""
+    config = TextRolloutConfig(reward=_reward_kind(args))
+    return apply_flags(config, given(args, TEXT_FIELDS))
 
 
 def build_generate(args: argparse.Namespace, custom: GenerateFn | None = None) -> GenerateFn:
@@ -91,6 +77,10 @@ def build_generate(args: argparse.Namespace, custom: GenerateFn | None = None) -
         from miles_lite.text.benchmark import Benchmark
 
         top = args.benchmark_max_new_tokens or args.max_new_tokens
+        if top is None:
+            top = TextSamplingParams().max_new_tokens
+        if args.benchmark_min_new_tokens is None:
+            return Benchmark(max_new_tokens=top)
         return Benchmark(args.benchmark_min_new_tokens, top)
     return single_turn
 
@@ -100,12 +90,18 @@ def build_multi_turn(args: argparse.Namespace) -> GenerateFn:
     from miles_lite.text.multi_turn import MultiTurn, MultiTurnOptions
     from miles_lite.text.tool_calls import TOOL_CALL_PARSERS
 
-    parser = TOOL_CALL_PARSERS.get(args.generate_tool_call_parser)
-    if parser is None:
-        raise ConfigError(
-            f"--generate-tool-call-parser {args.generate_tool_call_parser!r} is not one of"
-            f" {sorted(TOOL_CALL_PARSERS)}"
-        )
+    given: dict[str, Any] = {}
+    if args.generate_tool_call_parser is not None:
+        given["parser"] = TOOL_CALL_PARSERS.get(args.generate_tool_call_parser)
+        if given["parser"] is None:
+            raise ConfigError(
+                f"--generate-tool-call-parser {args.generate_tool_call_parser!r} is not one of"
+                f" {sorted(TOOL_CALL_PARSERS)}"
+            )
+    if args.generate_max_turns is not None:
+        given["max_turns"] = args.generate_max_turns
+    if args.generate_tool_timeout_s is not None:
+        given["tool_timeout_s"] = args.generate_tool_timeout_s
     specs = None
     if args.generate_tool_specs_path:
         specs = load_object(args.generate_tool_specs_path)
@@ -114,15 +110,7 @@ def build_multi_turn(args: argparse.Namespace) -> GenerateFn:
     execute = None
     if args.generate_execute_tool_function_path:
         execute = load_function(args.generate_execute_tool_function_path)
-    return MultiTurn(
-        MultiTurnOptions(
-            max_turns=args.generate_max_turns,
-            tool_specs=specs,
-            parser=parser,
-            execute_tool=execute,
-            tool_timeout_s=args.generate_tool_timeout_s,
-        )
-    )
+    return MultiTurn(MultiTurnOptions(tool_specs=specs, execute_tool=execute, **given))
 
 
 def _reward_kind(args: argparse.Namespace) -> str | None:
@@ -159,17 +147,29 @@ def load_prompts(path: str | os.PathLike[str], input_key: str, label_key: str) -
     rest as metadata. :class:`CliError` naming the file and line on anything else."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from exc
     prompts: list[PromptGroup] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CliError(
+                f"{path} line {number} is not UTF-8 text (byte {raw[exc.start]:#04x} at"
+                f" column {exc.start + 1}): a JSONL file is text"
+            ) from None
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except ValueError as exc:
             raise CliError(f"{path} line {number} is not JSON: {exc}") from exc
+        except RecursionError:
+            raise CliError(
+                f"{path} line {number} is nested too deeply to read (over about"
+                f" {sys.getrecursionlimit()} levels)"
+            ) from None
         if not isinstance(row, dict):
             raise CliError(f"{path} line {number} is a {type(row).__name__}, not a JSON object")
         if input_key not in row:
@@ -179,6 +179,8 @@ def load_prompts(path: str | os.PathLike[str], input_key: str, label_key: str) -
         group = PromptGroup(prompt=row.pop(input_key), label=row.pop(label_key, None), metadata=row)
         try:
             check_prompts([group])
+        except RecursionError:
+            raise CliError(f"{path} line {number}: the prompt is nested too deeply") from None
         except ConfigError as exc:
             problem = str(exc).replace("run() prompt 0", "the prompt", 1)
             raise CliError(f"{path} line {number}: {problem}") from exc
@@ -271,7 +273,13 @@ def run(args: argparse.Namespace, *, generate: GenerateFn | None, options: dict[
 
     say_startup_steps()
     with one_line_errors():
+        # Everything that needs no I/O first (then the files, the tokenizer, the engines).
+        check_engine_urls(args.engine_url)
         config = build_config(args)
+        check_outputs(output=args.output, trace=args.trace, timeline=args.timeline)
+        generate_fn = build_generate(args, generate)
+        rewards = build_rewards(args)
+        filters = build_filters(args)
         prompts = load_prompts(args.prompt_data, args.input_key, args.label_key)
         with startup_step(f"loading the tokenizer from {args.tokenizer}"):
             tokenizer = load_tokenizer(args.tokenizer)
@@ -281,10 +289,10 @@ def run(args: argparse.Namespace, *, generate: GenerateFn | None, options: dict[
             prompts,
             config=config,
             tokenizer=tokenizer,
-            generate=build_generate(args, generate),
+            generate=generate_fn,
             options=options,
-            rewards=build_rewards(args),
-            filters=build_filters(args),
+            rewards=rewards,
+            filters=filters,
             progress=not args.no_progress,
         )
         result = run_sync(job, use_uvloop=args.uvloop)

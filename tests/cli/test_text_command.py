@@ -101,6 +101,16 @@ def test_mistakes_end_in_one_line(text_engine: str, tokenizer_dir: str, tmp_path
                         "--wait-for-engines", "1"))  # fmt: skip
     assert "http://127.0.0.1:9" in line and "/health" in line
     assert time.monotonic() - started < 60  # seconds, not the two minutes it took
+    # With the default wait, a refused connection is final; the hint is the command's flag.
+    run = cli(*base, "--engine-url", "http://127.0.0.1:9", "--prompt-data", good)
+    line = one_line(run)
+    assert line == (
+        "miles-lite text: nothing listens at http://127.0.0.1:9 (connection refused on"
+        " /health); check --engine-url and that the server runs there (an engine still"
+        " loading weights refuses connections, then answers 503: give it time with"
+        " --wait-for-engines 600)"
+    )
+    assert "RouterConfig" not in run.stderr
     line = one_line(cli(*base, "--engine-url", "127.0.0.1:9", "--prompt-data", good))
     assert "'http://127.0.0.1:9'" in line
     line = one_line(
