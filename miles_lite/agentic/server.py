@@ -51,13 +51,16 @@ from miles_lite.agentic.turns import (
     Trajectory,
     appended_messages,
     engine_payload,
+    merged_extra_body,
     prefix_len,
     render_key,
 )
 from miles_lite.errors import EngineError, EngineProtocolError, EngineStatusError, SessionError
 from miles_lite.rollout.context import InFlight, RunContext
+from miles_lite.rollout.send import RawSend
 from miles_lite.sglang.chat_wire import TurnRecord, record_from_choice
 from miles_lite.sglang.generate_wire import new_rid
+from miles_lite.sglang.sampling import chat_sampling
 from miles_lite.text.context import TextContext
 from miles_lite.text.tokenize import encode, text_after_turn
 
@@ -85,9 +88,14 @@ class _Session:
     busy: bool = False
     closed: bool = False
     aborted: bool = False
-    rid: str | None = None
-    url: str | None = None
+    send: RawSend | None = None
     engine_errors: int = 0
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a turn may no longer be sent: the session was aborted or closed, or
+        its run stopped (the send path checks it once the engine slot is taken)."""
+        return self.aborted or self.closed or (self.run is not None and self.run.stopping)
 
 
 class SessionServer(AsyncResource):
@@ -116,7 +124,9 @@ class SessionServer(AsyncResource):
         super().__init__()
         self._context = context
         self._router = context.router
-        self._sampling = context.sampling_params()
+        # In chat names; a key chat turns cannot carry refuses the server (and the
+        # rollout opening it) here, never dropped turn by turn.
+        self._sampling = chat_sampling(context.sampling_params())
         self._config = config or SessionServerConfig()
         tokenizer = context.tokenizer
         self._end_of_turn = str(getattr(tokenizer, "eos_token", "") or "")
@@ -251,8 +261,7 @@ class SessionServer(AsyncResource):
             raise SessionError(f"session {session_id!r} is unknown, expired or already closed")
         self._drop(session)
         self._counts["closed"] += 1
-        if session.rid is not None and session.url is not None:
-            await self._abort_rid(session.url, session.rid)
+        await self._abort_turn(session)
         return list(session.records)
 
     def session_ids(self) -> list[str]:
@@ -276,8 +285,7 @@ class SessionServer(AsyncResource):
             session.aborted = True
         async with anyio.create_task_group() as tg:
             for session in targets:
-                if session.rid is not None and session.url is not None:
-                    tg.start_soon(self._abort_rid, session.url, session.rid)
+                tg.start_soon(self._abort_turn, session)
 
     def statistics(self) -> SessionServerStatistics:
         """A snapshot of the server's counters."""
@@ -457,14 +465,18 @@ class SessionServer(AsyncResource):
             return await self._serve(request, session, body)
         finally:
             session.busy = False
-            session.rid = None
+            session.send = None
             session.last_used = time.monotonic()
 
     async def _serve(
         self, request: web.Request, session: _Session, body: dict[str, Any]
     ) -> web.StreamResponse:
+        try:
+            body = merged_extra_body(body)
+        except BadTurn as bad:
+            raise refuse(400, bad.message, "refused", param=bad.param) from None
         stream = body.get("stream", False)
-        if session.aborted or session.closed or (session.run is not None and session.run.stopping):
+        if session.stopping:
             self._counts["aborted_answers"] += 1
             return await write_answer(request, abort_answer(self._model(body)), stream is True)
         rid = new_rid()
@@ -477,7 +489,8 @@ class SessionServer(AsyncResource):
         if forwarded is None:  # the run stopped while the turn waited for an engine slot
             self._counts["aborted_answers"] += 1
             return await write_answer(request, abort_answer(self._model(body)), stream)
-        answer, url = forwarded
+        answer, send = forwarded
+        url = send.url or ""
         try:
             record = record_from_choice(
                 answer,
@@ -496,6 +509,9 @@ class SessionServer(AsyncResource):
         except EngineError as exc:
             session.engine_errors += 1
             raise refuse(502, str(exc), "engine_errors", "upstream_error") from exc
+        spans = send.marked(record.weight_spans, record.cached_tokens)
+        if spans is not record.weight_spans:
+            record = dataclasses.replace(record, weight_spans=spans)
         if not session.closed:
             self._record(session, record, body, answer)
         large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
@@ -568,59 +584,46 @@ class SessionServer(AsyncResource):
 
     async def _forward(
         self, session: _Session, payload: dict[str, Any], rid: str
-    ) -> tuple[Any, str] | None:
-        """The engine's answer (parsed) and its URL; None when the run stopped before the
-        turn was sent. Through the router's one retry loop, on the session's engine."""
-        router = self._router
-        client = router.client
-        finished = False
-        url = ""
-
-        async def attempt(leased: str) -> Any:
-            nonlocal url
-            # Checked once the slot is taken: a turn still waiting at the stop is not sent.
-            if session.run is not None and session.run.stopping:
-                return None
-            url = leased
-            session.url, session.rid = leased, rid
-            session.in_flight.sent_to(rid, leased)
-            return await client.post(
-                leased,
-                CHAT_PATH,
-                payload,
-                request_id=rid,
-                timeout_s=self._config.engine_timeout_s,
-                retry=False,
-            )
-
+    ) -> tuple[Any, RawSend] | None:
+        """The engine's answer (parsed) and the send that got it; None when the run
+        stopped (or the session was aborted or closed) before the turn was sent. Through
+        the one send path (:class:`~miles_lite.rollout.send.Send`), on the session's
+        engine: the weight version's cache key, in-flight tracking, the stop check once
+        the slot is taken, abort at the engine when the agent goes away or the engine
+        fails after taking it."""
+        send = RawSend(
+            self._router,
+            session,
+            CHAT_PATH,
+            payload,
+            rid,
+            key=session.id,
+            timeout_s=self._config.engine_timeout_s,
+            abort_on_cancel=True,
+            abort_timeout_s=self._config.abort_timeout_s,
+        )
+        session.send = send
         try:
-            with session.in_flight.track(rid):
-                raw = await router.call(attempt, key=session.id)
-            finished = True
-            if raw is None:
-                return None
+            raw = await send.run()
         except EngineStatusError as exc:
-            finished = True
             session.engine_errors += 1
             raise Refused(passthrough(exc), "engine_errors") from exc
         except EngineError as exc:
-            finished = True
             session.engine_errors += 1
-            if not exc.retryable and url:
-                # It reached the engine (a timeout, a reset): stop it generating there.
+            if send.aborted == "failed":  # it reached the engine (a timeout, a reset)
                 self._counts["timeout_aborts"] += 1
-                await self._abort_rid(url, rid)
             raise refuse(502, f"engine failed: {exc}", "engine_errors", "upstream_error") from exc
         finally:
-            if not finished and url:
-                # The agent went away (or the request was cancelled): stop the generation.
+            if send.aborted == "cancelled":  # the agent went away (or was cancelled)
                 self._counts["disconnect_aborts"] += 1
-                await self._abort_rid(url, rid)
+        if raw is None:
+            return None
+        url = send.url
         data = raw.body
         try:
             if len(data) > _OFF_LOOP_JSON_BYTES:
-                return await anyio.to_thread.run_sync(_json.loads, data), url
-            return _json.loads(data), url
+                return await anyio.to_thread.run_sync(_json.loads, data), send
+            return _json.loads(data), send
         except ValueError as exc:
             session.engine_errors += 1
             raise refuse(
@@ -630,9 +633,15 @@ class SessionServer(AsyncResource):
                 "upstream_error",
             ) from exc
 
-    async def _abort_rid(self, url: str, rid: str) -> None:
-        # Best effort: the engine is gone or busy; the rollout's own abort repeats.
-        await self._router.abort_request(url, rid, timeout_s=self._config.abort_timeout_s)
+    async def _abort_turn(self, session: _Session) -> None:
+        """Abort the session's turn at its engine if one was sent. Best effort: the
+        engine is gone or busy; the rollout's own abort repeats. A turn still waiting for
+        a slot is not sent at all (its session is ``stopping``)."""
+        send = session.send
+        if send is not None and send.url is not None:
+            await self._router.abort_request(
+                send.url, send.rid, timeout_s=self._config.abort_timeout_s
+            )
 
 
 async def _cleanup(runner: web.AppRunner) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "Trajectory",
     "appended_messages",
     "engine_payload",
+    "merged_extra_body",
     "prefix_len",
     "render_key",
 ]
@@ -67,6 +68,7 @@ ON_POLICY = frozenset(
         "presence_penalty",
         "frequency_penalty",
         "ignore_eos",
+        "logit_bias",
     }
 )
 
@@ -81,12 +83,33 @@ class BadTurn(Exception):
         self.param = param
 
 
+def merged_extra_body(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with its ``extra_body`` object merged in at the top, as the ``openai``
+    client sends it (its keys win): a plain-HTTP agent may spread the ``request_kwargs``
+    it was handed (shaped for that client) into its JSON body as they are. Raises
+    :class:`BadTurn` for an ``extra_body`` that is not an object."""
+    if "extra_body" not in body:
+        return body
+    extra = body["extra_body"]
+    merged = {k: v for k, v in body.items() if k != "extra_body"}
+    if extra is None:
+        return merged
+    if not isinstance(extra, dict):
+        raise BadTurn(
+            f"extra_body must be an object (merged into the body, as the openai client"
+            f" does), got {type(extra).__name__}",
+            "extra_body",
+        )
+    merged.update(extra)
+    return merged
+
+
 def engine_payload(
     body: Mapping[str, Any], sampling: Mapping[str, Any], *, rid: str
 ) -> dict[str, Any]:
     """The engine's chat request for an agent's ``body``, under the rollout's ``sampling``
-    (``/generate`` keys). Raises :class:`BadTurn` naming a field the agent may not send
-    or sends wrong."""
+    in chat names (:func:`~miles_lite.sglang.sampling.chat_sampling`). Raises
+    :class:`BadTurn` naming a field the agent may not send or sends wrong."""
     unknown = sorted(set(body) - ALLOWED_KEYS)
     if unknown:
         raise BadTurn(
@@ -108,10 +131,7 @@ def engine_payload(
     # On-policy: the rollout's sampling, whatever the agent asked.
     for name in ON_POLICY:
         payload.pop(name, None)
-    for key, value in sampling.items():
-        chat_name = CHAT_NAMES.get(key)
-        if chat_name is not None and chat_name != "max_tokens":
-            payload[chat_name] = value
+    payload.update((name, value) for name, value in sampling.items() if name != "max_tokens")
     if budget is not None:
         payload["max_tokens"] = budget
     for key in _SERVER_KEYS:
@@ -127,7 +147,7 @@ def engine_payload(
 
 def _budget(body: Mapping[str, Any], sampling: Mapping[str, Any]) -> int | None:
     """The turn's output budget: the rollout's, lowered (never raised) by the agent's."""
-    rollout = sampling.get("max_new_tokens")
+    rollout = sampling.get("max_tokens")
     asked = None
     for key in ("max_completion_tokens", "max_tokens", "max_new_tokens"):
         value = body.get(key)

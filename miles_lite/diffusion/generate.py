@@ -8,6 +8,7 @@ the body never enters the main process.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from miles_lite.codecs.body import wire_form
@@ -20,10 +21,11 @@ from miles_lite.errors import ArenaFullError, CodecError, ConfigError, EnginePro
 from miles_lite.pools.arena import Lease
 from miles_lite.pools.parser_pool import ParsedBody, ParserPool
 from miles_lite.rollout.contract import GenerateFnInput
+from miles_lite.rollout.send import RawSend, Send
 from miles_lite.rollout.spans import UnitSpan
 from miles_lite.sglang.diffusion_wire import ROLLOUT_PATH, apply_response_item, build_request
 from miles_lite.sglang.generate_wire import new_rid
-from miles_lite.types import Sample
+from miles_lite.types import Sample, SampleStatus
 
 __all__ = ["generate_diffusion"]
 
@@ -35,7 +37,9 @@ async def generate_diffusion(input: GenerateFnInput[DiffusionContext]) -> list[S
     ``spilled`` (the arena was full: the body went through private memory) and
     ``pickled_bytes`` in ``input.span``. Raises engine, codec and worker errors (typed,
     with engine URL and request id); the caller marks the samples failed. A request the
-    engine received is never sent again (the router's one retry loop).
+    engine received is never sent again (the one send path,
+    :class:`~miles_lite.rollout.send.Send`); a microgroup still waiting for an engine
+    slot when the run stops is never sent: its samples come back ABORTED (early stop).
     """
     ctx = input.context
     samples = input.samples
@@ -46,20 +50,12 @@ async def generate_diffusion(input: GenerateFnInput[DiffusionContext]) -> list[S
     router = ctx.router
 
     if ctx.mode is TransportMode.FETCH:
-        parser = _parser(ctx)
-        # The engine client's config owns every per-request limit, in both transports.
-        limits = router.client.config
-
-        async def fetch_from(url: str) -> ParsedBody:
-            span.engine = url
-            span.requests += 1
-            span.leased()
-            request = BlockingRequest.from_config(
-                limits, url, ROLLOUT_PATH, payload, request_id=rid
-            )
-            return await parser.fetch(request, expected_items=len(samples))
-
-        parsed = await router.call(fetch_from)
+        fetch = _Fetch(router, input.run, ROLLOUT_PATH, payload, rid, span)
+        fetch.parser = _parser(ctx)
+        fetch.expected_items = len(samples)
+        parsed = await fetch.run()
+        if parsed is None:
+            return _stopped(samples)
         span.parser_worker = parsed.worker
         span.fetched_in_parser = True
         span.spilled = parsed.spilled
@@ -81,15 +77,9 @@ async def generate_diffusion(input: GenerateFnInput[DiffusionContext]) -> list[S
                 span.spilled = True
                 return await allocate_fresh(nbytes)
 
-        async def post_to(url: str) -> RawResponse:
-            span.engine = url
-            span.requests += 1
-            span.leased()
-            return await router.client.post(
-                url, ROLLOUT_PATH, payload, request_id=rid, into=into, retry=False
-            )
-
-        raw = await router.call(post_to)
+        raw = await _Post(router, input.run, ROLLOUT_PATH, payload, rid, span, into=into).run()
+        if raw is None:
+            return _stopped(samples)
         span.generate_end = span.deserialize_start = time.monotonic()
         span.wire_bytes = len(raw.body)
         items = await _deserialize(ctx, raw, rid, span)
@@ -103,6 +93,45 @@ async def generate_diffusion(input: GenerateFnInput[DiffusionContext]) -> list[S
         )
     for i, (sample, item) in enumerate(zip(samples, items, strict=True)):
         apply_response_item(sample, item, seed=payload["seed"] + i)
+    return samples
+
+
+class _Post(RawSend):
+    """The microgroup's request, its body into arena memory. Diffusion engines take no
+    cache key and cannot abort a request (the driver cancels it on early stop)."""
+
+    __slots__ = ()
+    keyed = False
+    abortable = False
+
+
+class _Fetch(Send[ParsedBody, ParsedBody]):
+    """The microgroup's request posted and parsed by a parser worker (``fetch_in_parser``):
+    the body never enters the main process."""
+
+    __slots__ = ("expected_items", "parser")
+    parser: ParserPool
+    expected_items: int
+    keyed = False
+    abortable = False
+
+    def request(self, url: str) -> Awaitable[ParsedBody]:
+        # The engine client's config owns every per-request limit, in both transports.
+        limits = self.router.client.config
+        request = BlockingRequest.from_config(
+            limits, url, self.path, self.payload, request_id=self.rid
+        )
+        return self.parser.fetch(request, expected_items=self.expected_items)
+
+    def finish(self, response: ParsedBody) -> ParsedBody:
+        return response
+
+
+def _stopped(samples: list[Sample]) -> list[Sample]:
+    """The run stopped while the microgroup waited for an engine slot: never sent."""
+    for sample in samples:
+        sample.status = SampleStatus.ABORTED
+        sample.status_reason = "early_stop"
     return samples
 
 

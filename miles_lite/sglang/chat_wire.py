@@ -24,6 +24,8 @@ class TurnRecord:
     tokens only, not its whole history again; ``prefix_len`` 0: ``prompt_ids`` is the
     whole prompt (the first turn, or one that rewrote the history).
     ``output_ids`` / ``output_log_probs`` are what it generated (one log-prob per id),
+    ``weight_spans`` which weight version made which of them (tokens made on KV from
+    before an update marked), ``cached_tokens`` the prompt tokens the engine found cached,
     ``finish_reason`` the OpenAI string (``stop``, ``tool_calls``, ``length``, ``abort``).
     ``request`` is the body forwarded to the engine without ``messages`` / ``tools`` /
     ``input_ids`` (their counts instead) and ``response`` the engine's answer without
@@ -38,6 +40,7 @@ class TurnRecord:
     finish_reason: str
     weight_version: str | None = None
     weight_spans: tuple[WeightSpan, ...] = ()
+    cached_tokens: int = 0
     prefix_len: int = 0
     request: dict[str, Any] = field(default_factory=dict)
     response: dict[str, Any] = field(default_factory=dict)
@@ -71,9 +74,10 @@ def record_from_choice(
     Needs ``prompt_token_ids`` (ints, not empty) and ``meta_info.output_token_logprobs``
     (``[logprob, id, text]`` triples, one per output token, as SGLang 0.5.23 returns them
     with ``return_prompt_token_ids`` / ``return_meta_info``), checked as ``/generate``
-    answers are (finite log-probs <= 0, int ids in the vocabulary), a known
-    ``finish_reason`` and a ``completion_tokens`` equal to the output's length. Raises
-    :class:`EngineProtocolError` naming what is wrong.
+    answers are (finite log-probs <= 0, int ids in the vocabulary, an echoed
+    ``meta_info.id`` that is ``rid``), a known ``finish_reason``, a ``completion_tokens``
+    equal to the output's length, and no more output tokens than the request's
+    ``max_tokens``. Raises :class:`EngineProtocolError` naming what is wrong.
     """
     where = {"url": engine_url, "request_id": rid}
     if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
@@ -105,9 +109,22 @@ def record_from_choice(
             "chat answer lacks choices[0].meta_info; the engine must honour return_meta_info",
             **where,
         )
+    echoed = meta.get("id")
+    if echoed is not None and echoed != rid:
+        # The check /generate answers get (parse_generate_answer): one rule on both.
+        raise EngineProtocolError(
+            f"meta_info.id is {echoed!r}, not the request's rid: not this request's answer",
+            **where,
+        )
     ids, log_probs = parse_logprob_triples(
         meta.get("output_token_logprobs"), where, vocab_size=vocab_size
     )
+    budget = request.get("max_tokens")
+    if isinstance(budget, int) and len(ids) > budget:
+        raise EngineProtocolError(
+            f"chat answer has {len(ids)} output tokens for a turn of max_tokens={budget}",
+            **where,
+        )
     finish = choice.get("finish_reason")
     if not isinstance(finish, str) or finish not in FINISH_STATUS:
         raise EngineProtocolError(f"chat answer has finish_reason {finish!r}", **where)
@@ -121,6 +138,11 @@ def record_from_choice(
             **where,
         )
     spans = parse_weight_spans(meta, len(ids), where)
+    cached = meta.get("cached_tokens", 0)
+    if isinstance(cached, bool) or not isinstance(cached, int) or cached < 0:
+        raise EngineProtocolError(
+            f"meta_info.cached_tokens is {cached!r}, not an int >= 0", **where
+        )
     return TurnRecord(
         rid=rid,
         engine_url=engine_url,
@@ -130,6 +152,7 @@ def record_from_choice(
         finish_reason=finish,
         weight_version=spans[-1].version if spans else None,
         weight_spans=spans,
+        cached_tokens=cached,
         request=_slim_request(request),
         response=_slim_response(answer),
     )

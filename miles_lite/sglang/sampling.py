@@ -15,9 +15,12 @@ from miles_lite.errors import SamplingParamsError
 
 __all__ = [
     "CHAT_NAMES",
+    "CHAT_REFUSED",
+    "CHAT_TEXT_ONLY",
     "SAMPLING_KEYS",
     "TextSamplingParams",
     "chat_request_kwargs",
+    "chat_sampling",
     "check_sampling_keys",
     "check_sampling_params",
 ]
@@ -58,10 +61,9 @@ _HINTS = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "stop_sequenc
 
 #: ``/generate`` sampling keys and their names on ``/v1/chat/completions`` (SGLang's chat
 #: endpoint takes OpenAI's names and these extras). The one map: the session server
-#: applies the rollout's sampling through it, and agents get it through
-#: :func:`chat_request_kwargs`. Text-shaping keys (``no_stop_trim``,
-#: ``skip_special_tokens``) stay out: the message content must be what the template
-#: renders back, or the next turn's prompt would not extend the trajectory.
+#: applies the rollout's sampling through it (:func:`chat_sampling`), and agents get it
+#: through :func:`chat_request_kwargs`. Every key of :data:`SAMPLING_KEYS` is here, in
+#: :data:`CHAT_TEXT_ONLY` or in :data:`CHAT_REFUSED`.
 CHAT_NAMES = {
     "max_new_tokens": "max_tokens",
     "min_new_tokens": "min_tokens",
@@ -76,12 +78,62 @@ CHAT_NAMES = {
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
     "ignore_eos": "ignore_eos",
+    "logit_bias": "logit_bias",
+    "n": "n",
 }
+#: Keys that shape only the text of an answer or how it streams, never its token ids or
+#: log-probs (the training data): chat turns keep the chat endpoint's own handling, since
+#: the message content must be what the template renders back, or the next turn's
+#: prompt would not extend the trajectory. Accepted in a rollout with chat turns, not
+#: sent on them.
+CHAT_TEXT_ONLY = frozenset(
+    {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "stream_interval"}
+)
+#: Keys that change the tokens but that SGLang's chat endpoint does not take (or takes
+#: only in another shape): a rollout whose chat turns would need them is refused when it
+#: is opened (:func:`chat_sampling`), never run with them dropped.
+CHAT_REFUSED = frozenset(SAMPLING_KEYS) - set(CHAT_NAMES) - CHAT_TEXT_ONLY
 #: The chat names the ``openai`` client takes as keyword arguments; the others go in its
 #: ``extra_body``.
 _OPENAI_ARGUMENTS = frozenset(
-    {"max_tokens", "seed", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty"}
+    {
+        "max_tokens",
+        "seed",
+        "temperature",
+        "top_p",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "n",
+    }
 )
+
+
+def chat_sampling(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The rollout's ``/generate`` sampling params under their ``/v1/chat/completions``
+    names (:data:`CHAT_NAMES`), what every chat turn is sent with; text-only keys
+    (:data:`CHAT_TEXT_ONLY`) are left out.
+
+    Raises :class:`~miles_lite.errors.SamplingParamsError` naming the first key chat
+    turns cannot carry (:data:`CHAT_REFUSED`, or one SGLang does not know): a rollout's
+    sampling reaches every turn or the rollout is refused.
+    """
+    out: dict[str, Any] = {}
+    for key, value in sampling_params.items():
+        name = CHAT_NAMES.get(key)
+        if name is not None:
+            out[name] = value
+        elif key not in CHAT_TEXT_ONLY:
+            known = key in _KEY_SET
+            raise SamplingParamsError(
+                f"sampling key {key!r} cannot reach chat turns: SGLang's"
+                f" /v1/chat/completions {'does not take it' if known else 'does not know it'};"
+                f" chat turns carry {sorted(CHAT_NAMES)} (text-only keys"
+                f" {sorted(CHAT_TEXT_ONLY)} are accepted and not sent). Remove it from the"
+                " rollout's sampling, or generate with /generate instead of an agent"
+            )
+    return out
 
 
 def chat_request_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:

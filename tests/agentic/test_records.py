@@ -8,6 +8,7 @@ import pytest
 
 from miles_lite.errors import EngineProtocolError
 from miles_lite.sglang.chat_wire import record_from_choice
+from miles_lite.sglang.generate_wire import parse_generate_answer
 
 
 def answer(triples: Any, prompt: Any = None) -> dict[str, Any]:
@@ -56,4 +57,37 @@ def test_prompt_ids_must_be_a_list_of_ints(prompt: Any) -> None:
     if prompt is None:
         del body["choices"][0]["prompt_token_ids"]
     with pytest.raises(EngineProtocolError, match="prompt_token_ids"):
+        read(body)
+
+
+def test_an_answer_naming_another_request_is_refused_as_on_generate() -> None:
+    # issue 30 D6: the chat path holds meta_info.id to the turn's rid, as /generate does.
+    body = answer([[-0.5, 10]])
+    body["choices"][0]["meta_info"]["id"] = "another"
+    with pytest.raises(EngineProtocolError, match=r"meta_info\.id is 'another'") as chat:
+        read(body)
+    meta = {"id": "another", "finish_reason": {"type": "stop"}, "output_token_logprobs": []}
+    with pytest.raises(EngineProtocolError, match=r"meta_info\.id is 'another'") as generate:
+        parse_generate_answer({"meta_info": meta}, rid="r", url="http://e")
+    assert str(chat.value) == str(generate.value)
+    body["choices"][0]["meta_info"]["id"] = "r"
+    assert read(body).output_ids == [10]
+
+
+def test_an_answer_longer_than_the_turns_budget_is_an_engine_protocol_error() -> None:
+    # issue 30 D7: 100,000 tokens recorded for a turn of 32 is the engine's fault.
+    body = answer([[-0.5, 10]] * 33)
+    with pytest.raises(EngineProtocolError, match="33 output tokens for a turn of max_tokens=32"):
+        record_from_choice(body, rid="r", engine_url="http://e", request={"max_tokens": 32})
+    ok = answer([[-0.5, 10]] * 32)
+    record = record_from_choice(ok, rid="r", engine_url="http://e", request={"max_tokens": 32})
+    assert len(record.output_ids) == 32
+
+
+def test_cached_tokens_are_read_and_checked() -> None:
+    body = answer([[-0.5, 10]])
+    body["choices"][0]["meta_info"]["cached_tokens"] = 2
+    assert read(body).cached_tokens == 2
+    body["choices"][0]["meta_info"]["cached_tokens"] = -1
+    with pytest.raises(EngineProtocolError, match="cached_tokens"):
         read(body)

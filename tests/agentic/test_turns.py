@@ -14,10 +14,12 @@ from miles_lite.agentic.turns import (
     engine_payload,
     prefix_len,
 )
-from miles_lite.sglang.sampling import CHAT_NAMES, TextSamplingParams
+from miles_lite.sglang.sampling import CHAT_NAMES, TextSamplingParams, chat_sampling
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-ROLLOUT = TextSamplingParams(max_new_tokens=64, temperature=0.7, top_p=0.9).to_payload()
+ROLLOUT = chat_sampling(
+    TextSamplingParams(max_new_tokens=64, temperature=0.7, top_p=0.9).to_payload()
+)
 
 
 def payload(**body: Any) -> dict[str, Any]:
@@ -34,9 +36,9 @@ def test_the_rollouts_sampling_wins_over_the_agents() -> None:
     asked = dict.fromkeys(ON_POLICY - {"ignore_eos"}, 3)
     sent = payload(**asked, ignore_eos=True)
     assert (sent["temperature"], sent["top_p"]) == (0.7, 0.9)
-    for key, name in CHAT_NAMES.items():
+    for name in CHAT_NAMES.values():
         if name in ON_POLICY:  # the rollout's value, or none when it sets none
-            assert sent.get(name) == ROLLOUT.get(key), name
+            assert sent.get(name) == ROLLOUT.get(name), name
     bare = engine_payload({"messages": MESSAGES, **asked}, {}, rid="r2")
     assert not ON_POLICY & set(bare)  # an agent's value is dropped, never taken
     assert sent["max_tokens"] == 64
@@ -60,7 +62,7 @@ def test_stop_sequences_and_seeds_are_the_agents() -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["custom_logit_processor", "lora_path", "logit_bias", "return_hidden_states", "x"]
+    "key", ["custom_logit_processor", "lora_path", "regex", "return_hidden_states", "x"]
 )
 def test_keys_outside_the_allow_list_are_refused_by_name(key: str) -> None:
     error = refused(**{key: 1})
