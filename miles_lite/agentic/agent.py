@@ -33,7 +33,8 @@ from miles_lite._core.validate import check_choice, check_int, check_seconds
 from miles_lite.agentic.assembly import AssemblyMode, assemble_samples
 from miles_lite.agentic.config import SessionServerConfig
 from miles_lite.agentic.server import SessionServer
-from miles_lite.errors import AgentError, ConfigError
+from miles_lite.errors import AgentError, ConfigError, RewardError
+from miles_lite.pools.reward_pool import checked_scores
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import AbortResult, GenerateFnInput
 from miles_lite.sglang.sampling import chat_request_kwargs
@@ -71,7 +72,13 @@ class AgentGenerate:
     ``"merged"`` (one sample per trajectory, miles' default) or ``"per_turn"``;
     ``max_seq_len`` (default: the rollout's ``max_context_len``) truncates by whole turns.
     Trailing stop tokens a template re-renders are bounded by the session server's
-    ``max_trim_tokens`` (:class:`SessionServerConfig`).
+    ``max_trim_tokens`` (:class:`SessionServerConfig`). ``timeout_s``: the agent's time
+    budget per sample (one hour by default); past it, its session is aborted (its turn in
+    flight aborted at the engine, later requests answered ``abort`` at once), the agent
+    cancelled (a sync agent's thread is waited for: it returns once its requests fail),
+    and the sample fails with :class:`~miles_lite.errors.AgentError`. A reward the agent
+    returns is checked as the reward pools check theirs (finite numbers, or dicts of
+    them): anything else fails the sample with :class:`~miles_lite.errors.RewardError`.
 
     Raises ``ConfigError`` on a bad option, or when called before it is bound to a
     rollout's context (open the rollout with it: ``TextRollout.open(...,
@@ -87,12 +94,14 @@ class AgentGenerate:
         mode: AssemblyMode = "merged",
         max_seq_len: int | None = None,
         abort_timeout_s: float = 10.0,
+        timeout_s: float = 3600.0,
     ) -> None:
         if not callable(run_agent):
             raise ConfigError(f"AgentGenerate.run_agent must be callable, got {run_agent!r}")
         check_choice("AgentGenerate", "mode", mode, ("merged", "per_turn"))
         check_int("AgentGenerate", "max_seq_len", max_seq_len, optional=True)
         check_seconds("AgentGenerate", "abort_timeout_s", abort_timeout_s)
+        check_seconds("AgentGenerate", "timeout_s", timeout_s)
         if sessions is not None and not isinstance(sessions, SessionServerConfig | SessionServer):
             raise ConfigError(
                 f"AgentGenerate.sessions must be a SessionServerConfig or a SessionServer,"
@@ -106,6 +115,7 @@ class AgentGenerate:
         self._mode: AssemblyMode = mode
         self._max_seq_len = max_seq_len
         self._abort_timeout_s = abort_timeout_s
+        self._timeout_s = timeout_s
         # Each run's sessions still open, or closed since its stop began: for its abort hook.
         self._runs: weakref.WeakKeyDictionary[RunContext, dict[str, None]] = (
             weakref.WeakKeyDictionary()
@@ -154,23 +164,33 @@ class AgentGenerate:
         opened = self._runs.setdefault(run, {})
         opened[session.id] = None
         returned: Any = None
+        failure: Exception | None = None
+        timed_out = False
         try:
-            returned = await _call(
-                self._run_agent,
-                session.base_url,
-                _messages(sample.prompt),
-                chat_request_kwargs(input.sampling_params),
-            )
-        except Exception as exc:
-            # Formatting reads the source files of every frame: off the loop.
-            trace = await anyio.to_thread.run_sync(_format_traceback, exc)
-            error = AgentError(
-                f"agent {_name(self._run_agent)} raised {type(exc).__name__}: {exc}",
-                agent_traceback=trace,
-            ).with_context(request_id=session.id)
-            error.__cause__ = exc
-            sample.fail(error)
-            return [sample]
+            async with anyio.create_task_group() as tg:
+                agent_scope = anyio.CancelScope()
+
+                async def budget() -> None:
+                    nonlocal timed_out
+                    await anyio.sleep(self._timeout_s)
+                    timed_out = True
+                    # Its turn in flight is aborted at the engine and every later request
+                    # answered abort at once, so a sync agent's thread returns too.
+                    await server.abort([session.id])
+                    agent_scope.cancel()
+
+                tg.start_soon(budget)
+                with agent_scope:
+                    try:
+                        returned = await _call(
+                            self._run_agent,
+                            session.base_url,
+                            _messages(sample.prompt),
+                            chat_request_kwargs(input.sampling_params),
+                        )
+                    except Exception as exc:  # failure of the agent's own: its sample fails
+                        failure = exc
+                tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 records = await server.close_session(session.id)
@@ -179,8 +199,36 @@ class AgentGenerate:
                 # Done before any stop: no abort hook needs it. Closed after the stop
                 # began, its agent may have returned because its request was aborted.
                 opened.pop(session.id, None)
+        if timed_out:
+            sample.fail(
+                AgentError(
+                    f"agent {_name(self._run_agent)} ran past its time budget"
+                    f" (AgentGenerate timeout_s={self._timeout_s:g}): its session was closed"
+                    f" and its turn in flight aborted at the engine ({len(records)} turn(s)"
+                    " recorded, dropped)",
+                    request_id=session.id,
+                )
+            )
+            return [sample]
+        if failure is not None:
+            # Formatting reads the source files of every frame: off the loop.
+            trace = await anyio.to_thread.run_sync(_format_traceback, failure)
+            error = AgentError(
+                f"agent {_name(self._run_agent)} raised {type(failure).__name__}: {failure}",
+                agent_traceback=trace,
+            ).with_context(request_id=session.id)
+            error.__cause__ = failure
+            sample.fail(error)
+            return [sample]
         span.requests = len(records)
         reward, metadata = _agent_result(returned, self._run_agent, session.id)
+        if reward is not None:
+            try:
+                # One rule for every way a reward arrives: the reward pools' own check.
+                (reward,) = checked_scores(f"agent {_name(self._run_agent)}", [reward], [sample])
+            except RewardError as exc:
+                sample.fail(exc.with_context(request_id=session.id))
+                return [sample]
         max_seq_len = self._max_seq_len or ctx.max_context_len
         tokenizer = ctx.tokenizer
         assembly = await anyio.to_thread.run_sync(
