@@ -28,7 +28,7 @@ import types
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, suppress
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -41,6 +41,8 @@ from miles_lite.testing.errors import StandInError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["START_METHODS", "ChildProcess", "ProcessGroup", "ServedEngine", "StartStop"]
 
@@ -229,6 +231,13 @@ class ChildProcess(StartStop, Generic[ConfigT]):
                 process.join(1.0)
             if isinstance(message, str):
                 self._url = message
+            elif isinstance(message, _StartFailure):
+                # The child said why before exiting: its exception's last line.
+                process.join(self.stop_timeout_s)
+                raise StandInError(
+                    f"{self.kind} process {process.pid} exited with code {process.exitcode}"
+                    f" before serving: {message.line}"
+                )
             elif not process.is_alive():
                 raise StandInError(
                     f"{self.kind} process {process.pid} exited with code {process.exitcode} "
@@ -345,9 +354,28 @@ def _healthy(url: str) -> bool:
         return False
 
 
+class _StartFailure:
+    """What a child that failed sends its parent before exiting: the exception's last line
+    (``StandInError: the Qwen3 tokenizer files come from ...``), whitespace on one line."""
+
+    def __init__(self, exc: BaseException) -> None:
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # anyio's task groups wrap what they raise
+        said = " ".join(str(exc).split())
+        self.line = f"{type(exc).__qualname__}: {said}" if said else type(exc).__qualname__
+
+
 def _child_main(factory: EngineFactory[Any], config: Any, conn: Connection) -> None:
-    """Entry point of the child: serve until SIGTERM or until the parent goes away."""
-    anyio.run(serve_in_child, factory, config, conn)
+    """Entry point of the child: serve until SIGTERM or until the parent goes away. An
+    exception is sent to the parent in one line, then raised (its traceback on stderr)."""
+    try:
+        anyio.run(serve_in_child, factory, config, conn)
+    except Exception as exc:
+        # A parent that has gone or stopped reading (a failure after serving) does not
+        # hide the exception itself.
+        with suppress(OSError):
+            conn.send(_StartFailure(exc))
+        raise
 
 
 async def serve_in_child(factory: EngineFactory[Any], config: Any, conn: Connection) -> None:
