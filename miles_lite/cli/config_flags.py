@@ -18,7 +18,15 @@ from typing import Any, TypeVar
 from miles_lite.cli.paths import CliError
 from miles_lite.errors import ConfigError
 
-__all__ = ["DIFFUSION_FIELDS", "TEXT_FIELDS", "FlagField", "Given", "apply_flags", "given"]
+__all__ = [
+    "DIFFUSION_FIELDS",
+    "MULTI_TURN_FIELDS",
+    "TEXT_FIELDS",
+    "FlagField",
+    "Given",
+    "apply_flags",
+    "given",
+]
 
 T = TypeVar("T")
 
@@ -56,6 +64,14 @@ TEXT_FIELDS: dict[str, FlagField] = _fields(
     ("temperature", "--temperature", "sampling.temperature"),
     ("top_p", "--top-p", "sampling.top_p"),
     ("max_context_len", "--max-context-len", "max_context_len"),
+)
+
+#: ``miles-lite text --generate multi-turn``: flag destination -> the
+#: :class:`~miles_lite.text.multi_turn.MultiTurnOptions` field it sets (``--generate-tool-
+#: call-parser`` names a parser, looked up by the command).
+MULTI_TURN_FIELDS: dict[str, FlagField] = _fields(
+    ("generate_max_turns", "--generate-max-turns", "max_turns"),
+    ("generate_tool_timeout_s", "--generate-tool-timeout-s", "tool_timeout_s"),
 )
 
 #: ``miles-lite diffusion`` (and the demo's diffusion half): flag destination -> the

@@ -8,6 +8,7 @@ one-line errors naming the file, the line and what was wrong.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from miles_lite.cli.config_flags import TEXT_FIELDS, apply_flags, given
+from miles_lite.cli.config_flags import MULTI_TURN_FIELDS, TEXT_FIELDS, apply_flags, given
 from miles_lite.cli.paths import CliError, load_function, load_object, one_line_errors
 from miles_lite.cli.preflight import check_engine_urls, check_outputs
 from miles_lite.cli.report import report, say_startup_steps, write_pictures
@@ -90,18 +91,11 @@ def build_multi_turn(args: argparse.Namespace) -> GenerateFn:
     from miles_lite.text.multi_turn import MultiTurn, MultiTurnOptions
     from miles_lite.text.tool_calls import TOOL_CALL_PARSERS
 
-    given: dict[str, Any] = {}
-    if args.generate_tool_call_parser is not None:
-        given["parser"] = TOOL_CALL_PARSERS.get(args.generate_tool_call_parser)
-        if given["parser"] is None:
-            raise ConfigError(
-                f"--generate-tool-call-parser {args.generate_tool_call_parser!r} is not one of"
-                f" {sorted(TOOL_CALL_PARSERS)}"
-            )
-    if args.generate_max_turns is not None:
-        given["max_turns"] = args.generate_max_turns
-    if args.generate_tool_timeout_s is not None:
-        given["tool_timeout_s"] = args.generate_tool_timeout_s
+    name = args.generate_tool_call_parser
+    if name is not None and name not in TOOL_CALL_PARSERS:
+        raise ConfigError(
+            f"--generate-tool-call-parser {name!r} is not one of {sorted(TOOL_CALL_PARSERS)}"
+        )
     specs = None
     if args.generate_tool_specs_path:
         specs = load_object(args.generate_tool_specs_path)
@@ -110,7 +104,10 @@ def build_multi_turn(args: argparse.Namespace) -> GenerateFn:
     execute = None
     if args.generate_execute_tool_function_path:
         execute = load_function(args.generate_execute_tool_function_path)
-    return MultiTurn(MultiTurnOptions(tool_specs=specs, execute_tool=execute, **given))
+    options = MultiTurnOptions(tool_specs=specs, execute_tool=execute)
+    if name is not None:
+        options = dataclasses.replace(options, parser=TOOL_CALL_PARSERS[name])
+    return MultiTurn(apply_flags(options, given(args, MULTI_TURN_FIELDS)))
 
 
 def _reward_kind(args: argparse.Namespace) -> str | None:

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from miles_lite.cli._args import CONFIG_DEFAULTS, build_parser
-from miles_lite.cli.config_flags import DIFFUSION_FIELDS, TEXT_FIELDS
+from miles_lite.cli.config_flags import DIFFUSION_FIELDS, MULTI_TURN_FIELDS, TEXT_FIELDS
 from miles_lite.cli.diffusion import build_config as diffusion_config
 from miles_lite.cli.text import build_config as text_config
 from miles_lite.cli.text import build_generate
@@ -71,18 +71,15 @@ def test_the_text_defaults_help_shows_are_the_configs() -> None:
             assert at(config, TEXT_FIELDS[dest].path) == value, dest
     multi = build_generate(parse(*TEXT, "--generate", "multi-turn"))
     assert isinstance(multi, MultiTurn)
-    assert multi.options.max_turns == shown["generate_max_turns"]
-    assert multi.options.tool_timeout_s == shown["generate_tool_timeout_s"]
     assert multi.options.parser is TOOL_CALL_PARSERS[str(shown["generate_tool_call_parser"])]
     bench = build_generate(parse(*TEXT, "--generate", "benchmark"))
     assert isinstance(bench, Benchmark)
     assert bench.min_new_tokens == shown["benchmark_min_new_tokens"]
     assert bench.max_new_tokens == config.sampling.max_new_tokens
-    covered = set(TEXT_FIELDS) | {
-        "generate_max_turns", "generate_tool_timeout_s", "generate_tool_call_parser",
-        "benchmark_min_new_tokens",
-    }  # fmt: skip
-    assert set(shown) <= covered
+    for dest, field in MULTI_TURN_FIELDS.items():
+        assert at(multi.options, field.path) == shown[dest], dest
+    covered = {*TEXT_FIELDS, *MULTI_TURN_FIELDS, "generate_tool_call_parser"}
+    assert set(shown) <= covered | {"benchmark_min_new_tokens"}
 
 
 def test_the_diffusion_defaults_help_shows_are_the_configs() -> None:
