@@ -13,6 +13,7 @@ what the text rollout needs (torch, transformers, aiohttp) then.
 import typing
 
 from miles_lite._core.lazy import lazy_exports as _lazy_exports
+from miles_lite._core.notebook import quiet_tqdm_auto as _quiet_tqdm_auto
 from miles_lite._core.run_sync import run_sync
 from miles_lite.errors import (
     CodecError,
@@ -41,6 +42,8 @@ if typing.TYPE_CHECKING:
     from miles_lite.text.config import TextRolloutConfig
     from miles_lite.text.rollout import TextRollout
     from miles_lite.types import Sample, SampleStatus
+
+_quiet_tqdm_auto()  # before transformers imports tqdm.auto (it warns once, in a kernel)
 
 # Imported when first used: a worker process that imports one light module of the
 # package (a parser worker: codecs, page table, HTTP) must not import torch with it.

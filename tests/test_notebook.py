@@ -5,6 +5,7 @@ ports)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import time
@@ -68,6 +69,8 @@ def test_the_quickstart_notebook_runs_in_a_kernel_and_survives_an_interrupt(
         for index in (SETUP, REWARD, TEXT):
             nb.run(index)
         assert "engines ready: http://127.0.0.1:" in nb.stdout(SETUP)
+        # Loading the tokenizer imports tqdm.auto (transformers): no widget warning either.
+        assert "IProgress" not in text_of(nb.nb.cells[SETUP])
         # The start-up steps said what they did, and the progress bar needs no widgets.
         assert "starting reward pool 'boxed'" in nb.stderr(TEXT) and "done in" in nb.stderr(TEXT)
         assert "rollout: 100%" in nb.stderr(TEXT) and "IProgress" not in text_of(nb.nb.cells[TEXT])
@@ -114,3 +117,23 @@ def test_the_quickstart_notebook_runs_in_a_kernel_and_survives_an_interrupt(
         assert arenas_of(kernel_group(kernel) | {kernel}) == 0
         nb.run(STOP)
     assert leaked_shm(shm_before) == set()
+
+
+def test_no_iprogress_warning_in_a_kernel_without_ipywidgets(tmp_path: Path) -> None:
+    if importlib.util.find_spec("ipywidgets") is not None:
+        pytest.skip("ipywidgets is installed: tqdm.auto draws widgets and does not warn")
+    cells = [
+        "import miles_lite",
+        # What transformers does as a tokenizer loads (huggingface_hub.utils.tqdm).
+        "import tqdm.auto\nprint(tqdm.auto.tqdm.__module__)",
+        "from miles_lite.rollout.driver import _progress_bar\n"
+        "bar = _progress_bar(3)\nbar.update(3)\nbar.close()\nprint(type(bar).__module__)",
+    ]
+    with Notebook(cells, cwd=tmp_path) as nb:
+        for index in range(len(cells)):
+            nb.run(index)
+        shown = "".join(text_of(cell) for cell in nb.nb.cells)
+    assert "IProgress" not in shown and "Warning" not in shown, shown
+    # The text bar (tqdm.auto over tqdm.asyncio), not the widget of tqdm.notebook.
+    assert nb.stdout(1) == "tqdm.asyncio\n" and nb.stdout(2) == "tqdm.asyncio\n"
+    assert "3/3" in nb.stderr(2)  # the text bar, left under the cell

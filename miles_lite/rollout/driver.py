@@ -495,18 +495,17 @@ class _Run:
 
 def _progress_bar(total: int) -> Any:
     """A tqdm bar: the widget in a notebook with ipywidgets, else the text bar (in a
-    kernel without ipywidgets, ``tqdm.auto`` would warn "IProgress not found" on every
-    first use and fall back to the text bar anyway). In a notebook the finished bar stays
+    kernel without ipywidgets, ``tqdm.auto`` is imported quietly: it would warn "IProgress
+    not found" and fall back to the text bar anyway). In a notebook the finished bar stays
     under the cell; in a terminal it goes."""
-    import importlib.util
     import sys
 
-    in_kernel = "ipykernel" in sys.modules
-    if in_kernel and importlib.util.find_spec("ipywidgets") is None:
-        from tqdm.std import tqdm
-    else:
-        from tqdm.auto import tqdm
-    return tqdm(total=total, unit="sample", desc="rollout", leave=in_kernel)
+    from miles_lite._core.notebook import quiet_tqdm_auto
+
+    quiet_tqdm_auto()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sample", desc="rollout", leave="ipykernel" in sys.modules)
 
 
 def _failed(unit: list[Sample], span: UnitSpan, error: MilesLiteError) -> list[Sample]:
