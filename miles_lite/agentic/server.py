@@ -29,7 +29,6 @@ import secrets
 import time
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -46,23 +45,16 @@ from miles_lite.agentic.config import (
 )
 from miles_lite.agentic.http_io import Refused, bearer, read_chat_body, refuse, write_answer
 from miles_lite.agentic.openai_wire import abort_answer, passthrough
-from miles_lite.agentic.turns import (
-    BadTurn,
-    Trajectory,
-    appended_messages,
-    engine_payload,
-    merged_extra_body,
-    prefix_len,
-    render_key,
-)
+from miles_lite.agentic.registry import SessionRegistry, SessionState
+from miles_lite.agentic.token_in import TokenIn
+from miles_lite.agentic.turns import BadTurn, engine_payload, merged_extra_body
 from miles_lite.errors import EngineError, EngineProtocolError, EngineStatusError, SessionError
-from miles_lite.rollout.context import InFlight, RunContext
+from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.send import RawSend
 from miles_lite.sglang.chat_wire import TurnRecord, record_from_choice
 from miles_lite.sglang.generate_wire import new_rid
 from miles_lite.sglang.sampling import chat_sampling
 from miles_lite.text.context import TextContext
-from miles_lite.text.tokenize import encode, text_after_turn
 
 __all__ = ["SessionServer"]
 
@@ -74,28 +66,6 @@ CHAT_PATH = "/v1/chat/completions"
 _OFF_LOOP_JSON_BYTES = 64 * 1024
 #: Answers with more output tokens than this are encoded in a worker thread.
 _OFF_LOOP_ANSWER_TOKENS = 1024
-
-
-@dataclass
-class _Session:
-    id: str
-    key: str
-    run: RunContext | None
-    in_flight: InFlight
-    last_used: float
-    records: list[TurnRecord] = field(default_factory=list)
-    trajectory: Trajectory | None = None
-    busy: bool = False
-    closed: bool = False
-    aborted: bool = False
-    send: RawSend | None = None
-    engine_errors: int = 0
-
-    @property
-    def stopping(self) -> bool:
-        """Whether a turn may no longer be sent: the session was aborted or closed, or
-        its run stopped (the send path checks it once the engine slot is taken)."""
-        return self.aborted or self.closed or (self.run is not None and self.run.stopping)
 
 
 class SessionServer(AsyncResource):
@@ -128,14 +98,10 @@ class SessionServer(AsyncResource):
         # rollout opening it) here, never dropped turn by turn.
         self._sampling = chat_sampling(context.sampling_params())
         self._config = config or SessionServerConfig()
-        tokenizer = context.tokenizer
-        self._end_of_turn = str(getattr(tokenizer, "eos_token", "") or "")
-        eot_id = tokenizer.convert_tokens_to_ids(self._end_of_turn) if self._end_of_turn else None
-        self._end_of_turn_id = eot_id if isinstance(eot_id, int) else -1
         #: Authorizes the HTTP session endpoints.
         self.management_token = secrets.token_urlsafe(32)
-        self._sessions: dict[str, _Session] = {}
-        self._by_key: dict[str, _Session] = {}
+        self._registry = SessionRegistry(loopback=self._config.loopback)
+        self._sessions = self._registry.sessions
         self._url = ""
         self._stack: AsyncExitStack | None = None
         self._counts = dict.fromkeys(
@@ -159,6 +125,7 @@ class SessionServer(AsyncResource):
             ),
             0,
         )
+        self._token_in = TokenIn(context, self._config, self._counts)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -213,10 +180,8 @@ class SessionServer(AsyncResource):
         """Stop serving and drop every session (their records are lost); shielded and
         bounded (5 s)."""
         for session in self._sessions.values():
-            session.closed = True
             self._router.forget(session.id)
-        self._sessions.clear()
-        self._by_key.clear()
+        self._registry.clear()
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
@@ -238,17 +203,9 @@ class SessionServer(AsyncResource):
         its turns count in the run's requests in flight, and once the run stops they are
         answered at once with ``finish_reason`` ``abort``."""
         self._check_open()
-        session = _Session(
-            id=secrets.token_hex(16),
-            key=f"sk-session-{secrets.token_hex(16)}",
-            run=run,
-            in_flight=run.in_flight if run is not None else InFlight(),
-            last_used=time.monotonic(),
-        )
-        self._sessions[session.id] = session
-        self._by_key[session.key] = session
+        session = self._registry.open(run)
         self._counts["opened"] += 1
-        return self._public(session)
+        return self._registry.public(session, self._url)
 
     async def close_session(self, session_id: str) -> list[TurnRecord]:
         """Close a session and return its records, oldest first.
@@ -291,18 +248,9 @@ class SessionServer(AsyncResource):
         """A snapshot of the server's counters."""
         return SessionServerStatistics(open_sessions=len(self._sessions), **self._counts)
 
-    def _drop(self, session: _Session) -> None:
-        self._sessions.pop(session.id, None)
-        self._by_key.pop(session.key, None)
-        session.closed = True
+    def _drop(self, session: SessionState) -> None:
+        self._registry.drop(session)
         self._router.forget(session.id)
-
-    def _public(self, session: _Session) -> Session:
-        if not self._config.loopback:
-            return Session(id=session.id, base_url=f"{self._url}/v1", api_key=session.key)
-        return Session(
-            id=session.id, base_url=f"{self._url}/sessions/{session.id}/v1", api_key=session.key
-        )
 
     # -- the edge ----------------------------------------------------------------------------
 
@@ -351,7 +299,7 @@ class SessionServer(AsyncResource):
 
     async def _h_get(self, request: web.Request) -> web.Response:
         self._check_management(request)
-        session = self._by_id(request.match_info["sid"])
+        session = self._registry.by_id(request.match_info["sid"])
         records = [record.to_json() for record in session.records]
         return web.json_response(
             {
@@ -363,16 +311,16 @@ class SessionServer(AsyncResource):
 
     async def _h_delete(self, request: web.Request) -> web.Response:
         self._check_management(request)
-        session = self._by_id(request.match_info["sid"])
+        session = self._registry.by_id(request.match_info["sid"])
         await self.close_session(session.id)
         return web.Response(status=204)
 
     async def _h_models_path(self, request: web.Request) -> web.Response:
-        self._by_path(request)
+        self._registry.by_path(request)
         return self._models()
 
     async def _h_models_key(self, request: web.Request) -> web.Response:
-        self._by_key_header(request)
+        self._registry.by_key(request)
         return self._models()
 
     async def _h_unknown(self, request: web.Request) -> web.Response:
@@ -395,55 +343,12 @@ class SessionServer(AsyncResource):
         return web.json_response({"object": "list", "data": [model]})
 
     async def _h_chat_path(self, request: web.Request) -> web.StreamResponse:
-        return await self._chat(request, self._by_path(request))
+        return await self._chat(request, self._registry.by_path(request))
 
     async def _h_chat_key(self, request: web.Request) -> web.StreamResponse:
-        return await self._chat(request, self._by_key_header(request))
+        return await self._chat(request, self._registry.by_key(request))
 
-    def _by_id(self, sid: str) -> _Session:
-        session = self._sessions.get(sid)
-        if session is None:
-            raise refuse(
-                404,
-                f"session {sid!r} is unknown, expired or closed; open one with POST "
-                "/sessions and use the base URL it returns",
-                "not_found",
-                "not_found_error",
-            )
-        return session
-
-    def _by_path(self, request: web.Request) -> _Session:
-        if not self._config.loopback:
-            raise refuse(
-                401,
-                "session URLs are off on a server other hosts can reach: use /v1 with "
-                "Authorization: Bearer <session api_key>",
-                "unauthorized",
-                "authentication_error",
-            )
-        return self._by_id(request.match_info["sid"])
-
-    def _by_key_header(self, request: web.Request) -> _Session:
-        key = bearer(request)
-        if not key:
-            raise refuse(
-                401,
-                "no session key: send 'Authorization: Bearer <session api_key>' (from POST "
-                "/sessions), or use the session's own base URL /sessions/<id>/v1",
-                "unauthorized",
-                "authentication_error",
-            )
-        session = self._by_key.get(key)
-        if session is None:
-            raise refuse(
-                404,
-                "the session of this API key is unknown, expired or closed; open a new one",
-                "not_found",
-                "not_found_error",
-            )
-        return session
-
-    async def _chat(self, request: web.Request, session: _Session) -> web.StreamResponse:
+    async def _chat(self, request: web.Request, session: SessionState) -> web.StreamResponse:
         # The body first: a slow one must not hold the session busy (its real turn would
         # get a 409); it is bounded by body_timeout_s.
         config = self._config
@@ -469,7 +374,7 @@ class SessionServer(AsyncResource):
             session.last_used = time.monotonic()
 
     async def _serve(
-        self, request: web.Request, session: _Session, body: dict[str, Any]
+        self, request: web.Request, session: SessionState, body: dict[str, Any]
     ) -> web.StreamResponse:
         try:
             body = merged_extra_body(body)
@@ -484,7 +389,7 @@ class SessionServer(AsyncResource):
             payload = engine_payload(body, self._sampling, rid=rid)
         except BadTurn as bad:
             raise refuse(400, bad.message, "refused", param=bad.param) from None
-        sent = await self._token_in(session, body, payload)
+        sent = await self._token_in.prompt_ids(session, body, payload)
         forwarded = await self._forward(session, payload, rid)
         if forwarded is None:  # the run stopped while the turn waited for an engine slot
             self._counts["aborted_answers"] += 1
@@ -513,77 +418,18 @@ class SessionServer(AsyncResource):
         if spans is not record.weight_spans:
             record = dataclasses.replace(record, weight_spans=spans)
         if not session.closed:
-            self._record(session, record, body, answer)
+            self._token_in.record(session, record, body, answer)
         large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
         # The engine's answer as it is: OpenAI clients ignore the extra fields, and agents
         # that read ids or meta_info can.
         return await write_answer(request, answer, stream, large)
-
-    async def _token_in(
-        self, session: _Session, body: dict[str, Any], payload: dict[str, Any]
-    ) -> list[int] | None:
-        """Send the trajectory's ids plus the appended messages' tokens when the request
-        extends the session (sets ``payload["input_ids"]``, returns them); None when the
-        engine is to template the messages (a first turn, or a rewritten history)."""
-        trajectory = session.trajectory
-        if not self._config.token_in or trajectory is None:
-            self._counts["templated_turns"] += 1
-            return None
-        appended = None
-        if render_key(body) == trajectory.render_key:
-            appended = appended_messages(trajectory.messages, trajectory.answer, body["messages"])
-        if appended is None:
-            self._counts["templated_turns"] += 1
-            return None
-        kwargs = body.get("chat_template_kwargs")
-        try:
-            text = await text_after_turn(
-                self._context,
-                appended,
-                end_of_turn=self._end_of_turn,
-                turn_ended=trajectory.turn_ended,
-                template_kwargs=kwargs if isinstance(kwargs, dict) else None,
-            )
-        except Exception as exc:  # the template refused the agent's messages
-            raise refuse(
-                400, f"cannot apply the chat template: {exc}", "refused", param="messages"
-            ) from exc
-        ids = [*trajectory.ids, *await encode(self._context, text)]
-        payload["input_ids"] = ids
-        self._counts["token_in_turns"] += 1
-        return ids
-
-    def _record(
-        self, session: _Session, record: TurnRecord, body: dict[str, Any], answer: Any
-    ) -> None:
-        """Keep the turn: its new prompt tokens only, and the session's trajectory."""
-        prompt = record.prompt_ids
-        output = record.output_ids
-        trajectory = session.trajectory
-        kept = 0
-        if trajectory is not None:
-            last_output = len(session.records[-1].output_ids) if session.records else 0
-            trim = min(self._config.max_trim_tokens, last_output)
-            kept = prefix_len(trajectory.ids, prompt, trim)
-        session.records.append(
-            dataclasses.replace(record, prompt_ids=prompt[kept:], prefix_len=kept)
-        )
-        self._counts["recorded"] += 1
-        message = answer["choices"][0].get("message")
-        session.trajectory = Trajectory(
-            ids=[*prompt, *output],
-            messages=list(body["messages"]),
-            answer=message if isinstance(message, dict) else {},
-            render_key=render_key(body),
-            turn_ended=bool(output) and output[-1] == self._end_of_turn_id,
-        )
 
     def _model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
         return model if isinstance(model, str) else self._config.model
 
     async def _forward(
-        self, session: _Session, payload: dict[str, Any], rid: str
+        self, session: SessionState, payload: dict[str, Any], rid: str
     ) -> tuple[Any, RawSend] | None:
         """The engine's answer (parsed) and the send that got it; None when the run
         stopped (or the session was aborted or closed) before the turn was sent. Through
@@ -633,7 +479,7 @@ class SessionServer(AsyncResource):
                 "upstream_error",
             ) from exc
 
-    async def _abort_turn(self, session: _Session) -> None:
+    async def _abort_turn(self, session: SessionState) -> None:
         """Abort the session's turn at its engine if one was sent. Best effort: the
         engine is gone or busy; the rollout's own abort repeats. A turn still waiting for
         a slot is not sent at all (its session is ``stopping``)."""
