@@ -373,12 +373,20 @@ class Balancer:
 
 def check_engine_url(url: object) -> None:
     """Refuse an engine URL the client could not reach: not a string, no ``http://`` or
-    ``https://`` scheme, no host. ``ConfigError`` saying the fix (``127.0.0.1:30000`` ->
+    ``https://`` scheme, no host, a host or port that does not parse (``http://::zz``,
+    ``http://h:99999``). ``ConfigError`` saying the fix (``127.0.0.1:30000`` ->
     ``http://127.0.0.1:30000``), so a typo fails when the rollout opens, not as a
     malformed answer on every sample."""
     if not isinstance(url, str):
         raise ConfigError(f"an engine URL must be a str like 'http://host:port', got {url!r}")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # parsed on access: a bad port, or an IPv6 host without brackets
+    except ValueError as exc:
+        raise ConfigError(
+            f"engine URL {url!r}: the host and port do not parse ({exc}); write"
+            " http://host:port (an IPv6 host in brackets: http://[::1]:30000)"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         fix = "http://" + url.split("://", 1)[-1].lstrip("/")
         raise ConfigError(

@@ -63,10 +63,11 @@ def test_an_argparse_mistake_is_one_line_naming_the_flag(
     ("flags", "line"),
     [
         # D9: was a 58-line traceback, exit 1.
-        (["--engine-url", "http://::zz"], "--engine-url http://::zz: the host and port do not"
-         " parse (Port could not be cast to integer value as ':zz')"),
-        (["--engine-url", "http://[::zz]:30000"], "--engine-url http://[::zz]:30000: the host"
-         " and port do not parse ('::zz' does not appear to be an IPv4 or IPv6 address)"),
+        (["--engine-url", "http://::zz"], "--engine-url: engine URL 'http://::zz': the host"
+         " and port do not parse (Port could not be cast to integer value as ':zz')"),
+        (["--engine-url", "http://[::zz]:30000"], "--engine-url: engine URL"
+         " 'http://[::zz]:30000': the host and port do not parse ('::zz' does not appear to be"
+         " an IPv4 or IPv6 address)"),
         (["--engine-url", "127.0.0.1:9"], "write 'http://127.0.0.1:9'"),
         # D10: nan made every sample fail; the others ran and exited 0.
         (["--temperature", "nan"], "--temperature nan: TextSamplingParams.temperature must be"
@@ -104,7 +105,7 @@ def test_a_mistake_needing_no_io_is_said_before_any_io(
 def test_a_diffusion_mistake_is_said_before_torch_loads_anything(tmp_path: Path) -> None:
     run = cli("diffusion", "--engine-url", "http://[::zz]:1", "--prompt", "a cat", timeout=120)
     assert run.returncode == 2 and run.stderr.strip().count("\n") == 0, run.stderr
-    assert "--engine-url http://[::zz]:1: the host and port do not parse" in run.stderr
+    assert "--engine-url: engine URL 'http://[::zz]:1': the host and port do not" in run.stderr
     run = cli("diffusion", "--engine-url", "http://h:1", "--microgroup-size", "0", timeout=120)
     assert run.stderr.strip() == (
         "miles-lite diffusion: --microgroup-size 0: DiffusionRolloutConfig.microgroup_size"
