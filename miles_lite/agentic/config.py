@@ -85,6 +85,12 @@ class Session:
     base_url: str
     api_key: str
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL an ``anthropic`` client takes (it appends ``/v1/messages``); its
+        ``api_key`` is :attr:`api_key`."""
+        return self.base_url.removesuffix("/v1")
+
 
 @dataclass(frozen=True, slots=True)
 class SessionServerStatistics:

@@ -10,9 +10,10 @@ import anyio
 from aiohttp import web
 
 from miles_lite._core import json as _json
+from miles_lite.agentic.messages_wire import messages_error
 from miles_lite.agentic.openai_wire import as_chunk, error_response, too_large
 
-__all__ = ["Refused", "bearer", "read_chat_body", "refuse", "write_answer"]
+__all__ = ["Refused", "bearer", "messages_refusal", "read_chat_body", "refuse", "write_answer"]
 
 #: Bodies larger than this are parsed in a worker thread, not on the event loop.
 _OFF_LOOP_JSON_BYTES = 64 * 1024
@@ -37,6 +38,19 @@ def refuse(
 ) -> Refused:
     """A :class:`Refused` with an OpenAI error body."""
     return Refused(error_response(status, message, kind, param), counter)
+
+
+def messages_refusal(response: web.StreamResponse) -> web.StreamResponse:
+    """An early answer with an OpenAI error body, in Anthropic Messages' error shape (same
+    status); anything else as it is."""
+    body = getattr(response, "body", None)
+    if not isinstance(body, bytes | bytearray):
+        return response
+    try:
+        error = _json.loads(body)
+    except ValueError:
+        return response
+    return web.json_response(messages_error(error), status=response.status)
 
 
 def bearer(request: web.Request) -> str:

@@ -1,8 +1,14 @@
-"""The chat session server: OpenAI chat at session-scoped URLs, forwarded with TITO.
+"""The chat session server: OpenAI chat and Anthropic Messages at session-scoped URLs,
+forwarded with TITO.
 
 An agent speaks plain OpenAI chat to ``http://127.0.0.1:<port>/sessions/<id>/v1`` (or to
-``/v1`` with ``Authorization: Bearer <session key>``); each request goes through the
-router's one retry loop to the engine kept for the session, asking for the prompt ids,
+``/v1`` with ``Authorization: Bearer <session key>``, or with ``X-Session-Id: <id>`` on
+loopback), or Anthropic Messages at ``.../v1/messages`` of the same URLs (the ``anthropic``
+client's base URL is :attr:`Session.anthropic_base_url
+<miles_lite.agentic.config.Session.anthropic_base_url>`; its ``x-api-key`` is the session
+key): a Messages request is the chat request of the same exchange
+(:mod:`miles_lite.agentic.messages_wire`). Each turn goes through the one send path
+(:class:`~miles_lite.rollout.send.Send`) to the engine kept for the session, asking for the prompt ids,
 output ids and log-probs, and each 2xx answer is recorded as a
 :class:`~miles_lite.sglang.chat_wire.TurnRecord` from which
 :mod:`miles_lite.agentic.assembly` builds training samples.
@@ -23,18 +29,16 @@ once with ``abort``; idle sessions expire.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
 from aiohttp import web
 
-from miles_lite._core import json as _json
 from miles_lite._core.resources import AsyncResource
 from miles_lite._core.serve import serve_app
 from miles_lite.agentic.config import (
@@ -43,16 +47,22 @@ from miles_lite.agentic.config import (
     SessionServerConfig,
     SessionServerStatistics,
 )
-from miles_lite.agentic.http_io import Refused, bearer, read_chat_body, refuse, write_answer
-from miles_lite.agentic.openai_wire import abort_answer, passthrough
+from miles_lite.agentic.forwarding import Forwarder
+from miles_lite.agentic.http_io import (
+    Refused,
+    bearer,
+    messages_refusal,
+    read_chat_body,
+    refuse,
+    write_answer,
+)
+from miles_lite.agentic.messages_wire import chat_body, messages_answer, messages_events
 from miles_lite.agentic.registry import SessionRegistry, SessionState
 from miles_lite.agentic.token_in import TokenIn
-from miles_lite.agentic.turns import BadTurn, engine_payload, merged_extra_body
-from miles_lite.errors import EngineError, EngineProtocolError, EngineStatusError, SessionError
+from miles_lite.agentic.turns import BadTurn, merged_extra_body
+from miles_lite.errors import SessionError
 from miles_lite.rollout.context import RunContext
-from miles_lite.rollout.send import RawSend
-from miles_lite.sglang.chat_wire import TurnRecord, record_from_choice
-from miles_lite.sglang.generate_wire import new_rid
+from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.sglang.sampling import chat_sampling
 from miles_lite.text.context import TextContext
 
@@ -126,6 +136,9 @@ class SessionServer(AsyncResource):
             0,
         )
         self._token_in = TokenIn(context, self._config, self._counts)
+        self._forwarder = Forwarder(
+            context, self._config, self._sampling, self._token_in, self._counts
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -154,6 +167,8 @@ class SessionServer(AsyncResource):
         app.router.add_post("/sessions/{sid}/v1/chat/completions", self._h_chat_path)
         app.router.add_get("/sessions/{sid}/v1/models", self._h_models_path)
         app.router.add_post("/v1/chat/completions", self._h_chat_key)
+        app.router.add_post("/sessions/{sid}/v1/messages", self._h_messages_path)
+        app.router.add_post("/v1/messages", self._h_messages_key)
         app.router.add_get("/v1/models", self._h_models_key)
         app.router.add_route("*", "/{tail:.*}", self._h_unknown)
         stack = AsyncExitStack()
@@ -327,8 +342,8 @@ class SessionServer(AsyncResource):
         raise refuse(
             404,
             f"{request.method} {request.path} is not served here; a session serves "
-            "POST .../v1/chat/completions and GET .../v1/models under /sessions/<id> (or /v1 "
-            "with its API key)",
+            "POST .../v1/chat/completions, POST .../v1/messages and GET .../v1/models under "
+            "/sessions/<id> (or /v1 with its API key)",
             "not_found",
             "not_found_error",
         )
@@ -348,7 +363,28 @@ class SessionServer(AsyncResource):
     async def _h_chat_key(self, request: web.Request) -> web.StreamResponse:
         return await self._chat(request, self._registry.by_key(request))
 
-    async def _chat(self, request: web.Request, session: SessionState) -> web.StreamResponse:
+    async def _h_messages_path(self, request: web.Request) -> web.StreamResponse:
+        return await self._messages(request, lambda: self._registry.by_path(request))
+
+    async def _h_messages_key(self, request: web.Request) -> web.StreamResponse:
+        return await self._messages(request, lambda: self._registry.by_key(request))
+
+    async def _messages(
+        self, request: web.Request, find: Callable[[], SessionState]
+    ) -> web.StreamResponse:
+        """Anthropic Messages: every refusal in Messages' error shape."""
+        try:
+            return await self._chat(request, find(), self._serve_messages)
+        except Refused as refused:
+            raise Refused(messages_refusal(refused.response), refused.counter) from None
+
+    async def _chat(
+        self,
+        request: web.Request,
+        session: SessionState,
+        serve: Callable[[web.Request, SessionState, dict[str, Any]], Awaitable[web.StreamResponse]]
+        | None = None,
+    ) -> web.StreamResponse:
         # The body first: a slow one must not hold the session busy (its real turn would
         # get a 409); it is bounded by body_timeout_s.
         config = self._config
@@ -367,7 +403,7 @@ class SessionServer(AsyncResource):
         session.last_used = time.monotonic()
         self._counts["requests"] += 1
         try:
-            return await self._serve(request, session, body)
+            return await (serve or self._serve)(request, session, body)
         finally:
             session.busy = False
             session.send = None
@@ -380,114 +416,36 @@ class SessionServer(AsyncResource):
             body = merged_extra_body(body)
         except BadTurn as bad:
             raise refuse(400, bad.message, "refused", param=bad.param) from None
-        stream = body.get("stream", False)
-        if session.stopping:
-            self._counts["aborted_answers"] += 1
-            return await write_answer(request, abort_answer(self._model(body)), stream is True)
-        rid = new_rid()
-        try:
-            payload = engine_payload(body, self._sampling, rid=rid)
-        except BadTurn as bad:
-            raise refuse(400, bad.message, "refused", param=bad.param) from None
-        sent = await self._token_in.prompt_ids(session, body, payload)
-        forwarded = await self._forward(session, payload, rid)
-        if forwarded is None:  # the run stopped while the turn waited for an engine slot
-            self._counts["aborted_answers"] += 1
-            return await write_answer(request, abort_answer(self._model(body)), stream)
-        answer, send = forwarded
-        url = send.url or ""
-        try:
-            record = record_from_choice(
-                answer,
-                rid=rid,
-                engine_url=url,
-                request=payload,
-                vocab_size=self._context.vocab_size,
-            )
-            if sent is not None and record.prompt_ids != sent:
-                raise EngineProtocolError(
-                    "the engine ran another prompt than the input_ids sent (token in): is it "
-                    "SGLang >= 0.5.23?",
-                    url=url,
-                    request_id=rid,
-                )
-        except EngineError as exc:
-            session.engine_errors += 1
-            raise refuse(502, str(exc), "engine_errors", "upstream_error") from exc
-        spans = send.marked(record.weight_spans, record.cached_tokens)
-        if spans is not record.weight_spans:
-            record = dataclasses.replace(record, weight_spans=spans)
-        if not session.closed:
-            self._token_in.record(session, record, body, answer)
-        large = len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
+        stream = body.get("stream", False) is True
+        answer, large = await self._forwarder.turn(session, body)
         # The engine's answer as it is: OpenAI clients ignore the extra fields, and agents
         # that read ids or meta_info can.
         return await write_answer(request, answer, stream, large)
+
+    async def _serve_messages(
+        self, request: web.Request, session: SessionState, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        try:
+            chat = chat_body(body)
+        except BadTurn as bad:
+            raise refuse(400, bad.message, "refused", param=bad.param) from None
+        answer, _ = await self._forwarder.turn(session, chat)
+        message = messages_answer(answer, model=self._model(body), stop=chat.get("stop"))
+        if body.get("stream") is not True:
+            return web.json_response(message)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in messages_events(message):
+            await response.write(event)
+        await response.write_eof()
+        return response
 
     def _model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
         return model if isinstance(model, str) else self._config.model
 
-    async def _forward(
-        self, session: SessionState, payload: dict[str, Any], rid: str
-    ) -> tuple[Any, RawSend] | None:
-        """The engine's answer (parsed) and the send that got it; None when the run
-        stopped (or the session was aborted or closed) before the turn was sent. Through
-        the one send path (:class:`~miles_lite.rollout.send.Send`), on the session's
-        engine: the weight version's cache key, in-flight tracking, the stop check once
-        the slot is taken, abort at the engine when the agent goes away or the engine
-        fails after taking it."""
-        send = RawSend(
-            self._router,
-            session,
-            CHAT_PATH,
-            payload,
-            rid,
-            key=session.id,
-            timeout_s=self._config.engine_timeout_s,
-            abort_on_cancel=True,
-            abort_timeout_s=self._config.abort_timeout_s,
-        )
-        session.send = send
-        try:
-            raw = await send.run()
-        except EngineStatusError as exc:
-            session.engine_errors += 1
-            raise Refused(passthrough(exc), "engine_errors") from exc
-        except EngineError as exc:
-            session.engine_errors += 1
-            if send.aborted == "failed":  # it reached the engine (a timeout, a reset)
-                self._counts["timeout_aborts"] += 1
-            raise refuse(502, f"engine failed: {exc}", "engine_errors", "upstream_error") from exc
-        finally:
-            if send.aborted == "cancelled":  # the agent went away (or was cancelled)
-                self._counts["disconnect_aborts"] += 1
-        if raw is None:
-            return None
-        url = send.url
-        data = raw.body
-        try:
-            if len(data) > _OFF_LOOP_JSON_BYTES:
-                return await anyio.to_thread.run_sync(_json.loads, data), send
-            return _json.loads(data), send
-        except ValueError as exc:
-            session.engine_errors += 1
-            raise refuse(
-                502,
-                f"engine {url} answered non-JSON to rid {rid}: {exc}",
-                "engine_errors",
-                "upstream_error",
-            ) from exc
-
     async def _abort_turn(self, session: SessionState) -> None:
-        """Abort the session's turn at its engine if one was sent. Best effort: the
-        engine is gone or busy; the rollout's own abort repeats. A turn still waiting for
-        a slot is not sent at all (its session is ``stopping``)."""
-        send = session.send
-        if send is not None and send.url is not None:
-            await self._router.abort_request(
-                send.url, send.rid, timeout_s=self._config.abort_timeout_s
-            )
+        await self._forwarder.abort_turn(session)
 
 
 async def _cleanup(runner: web.AppRunner) -> None:

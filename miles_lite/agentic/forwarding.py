@@ -1,0 +1,161 @@
+"""Forwarding a session's turn to its engine: the chat request built from the agent's
+(under the rollout's sampling, token in), sent through the one send path on the
+session's engine, the answer checked and recorded. The dialects (OpenAI chat, Anthropic
+Messages) differ only in how the server reads the request and writes the answer."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import anyio
+
+from miles_lite._core import json as _json
+from miles_lite.agentic.config import SessionServerConfig
+from miles_lite.agentic.http_io import Refused, refuse
+from miles_lite.agentic.openai_wire import abort_answer, passthrough
+from miles_lite.agentic.registry import SessionState
+from miles_lite.agentic.token_in import TokenIn
+from miles_lite.agentic.turns import BadTurn, engine_payload
+from miles_lite.errors import EngineError, EngineProtocolError, EngineStatusError
+from miles_lite.rollout.send import RawSend
+from miles_lite.sglang.chat_wire import record_from_choice
+from miles_lite.sglang.generate_wire import new_rid
+from miles_lite.text.context import TextContext
+
+__all__ = ["CHAT_PATH", "Forwarder"]
+
+#: The chat endpoint of the engines.
+CHAT_PATH = "/v1/chat/completions"
+#: Engine answers larger than this are parsed in a worker thread, not on the event loop.
+_OFF_LOOP_JSON_BYTES = 64 * 1024
+#: Answers with more output tokens than this are encoded in a worker thread.
+_OFF_LOOP_ANSWER_TOKENS = 1024
+
+
+class Forwarder:
+    """The forwarding half of a session server over ``context``: ``sampling`` is the
+    rollout's in chat names; counts in the server's ``counts``."""
+
+    def __init__(
+        self,
+        context: TextContext,
+        config: SessionServerConfig,
+        sampling: dict[str, Any],
+        token_in: TokenIn,
+        counts: dict[str, int],
+    ) -> None:
+        self._context = context
+        self._config = config
+        self._sampling = sampling
+        self._token_in = token_in
+        self._counts = counts
+
+    async def turn(self, session: SessionState, body: dict[str, Any]) -> tuple[Any, bool]:
+        """The engine's chat answer to the agent's chat ``body`` (an ``abort`` answer when
+        the session may no longer send), and whether it is large (encode it off the
+        loop). Records the turn. Raises :class:`Refused` with the answer to give."""
+        if session.stopping:
+            self._counts["aborted_answers"] += 1
+            return abort_answer(self._model(body)), False
+        rid = new_rid()
+        try:
+            payload = engine_payload(body, self._sampling, rid=rid)
+        except BadTurn as bad:
+            raise refuse(400, bad.message, "refused", param=bad.param) from None
+        sent = await self._token_in.prompt_ids(session, body, payload)
+        forwarded = await self.forward(session, payload, rid)
+        if forwarded is None:  # the run stopped while the turn waited for an engine slot
+            self._counts["aborted_answers"] += 1
+            return abort_answer(self._model(body)), False
+        answer, send = forwarded
+        url = send.url or ""
+        try:
+            record = record_from_choice(
+                answer,
+                rid=rid,
+                engine_url=url,
+                request=payload,
+                vocab_size=self._context.vocab_size,
+            )
+            if sent is not None and record.prompt_ids != sent:
+                raise EngineProtocolError(
+                    "the engine ran another prompt than the input_ids sent (token in): is it "
+                    "SGLang >= 0.5.23?",
+                    url=url,
+                    request_id=rid,
+                )
+        except EngineError as exc:
+            session.engine_errors += 1
+            raise refuse(502, str(exc), "engine_errors", "upstream_error") from exc
+        spans = send.marked(record.weight_spans, record.cached_tokens)
+        if spans is not record.weight_spans:
+            record = dataclasses.replace(record, weight_spans=spans)
+        if not session.closed:
+            self._token_in.record(session, record, body, answer)
+        return answer, len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
+
+    def _model(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        return model if isinstance(model, str) else self._config.model
+
+    async def forward(
+        self, session: SessionState, payload: dict[str, Any], rid: str
+    ) -> tuple[Any, RawSend] | None:
+        """The engine's answer (parsed) and the send that got it; None when the run
+        stopped (or the session was aborted or closed) before the turn was sent. Through
+        the one send path (:class:`~miles_lite.rollout.send.Send`), on the session's
+        engine: the weight version's cache key, in-flight tracking, the stop check once
+        the slot is taken, abort at the engine when the agent goes away or the engine
+        fails after taking it."""
+        send = RawSend(
+            self._context.router,
+            session,
+            CHAT_PATH,
+            payload,
+            rid,
+            key=session.id,
+            timeout_s=self._config.engine_timeout_s,
+            abort_on_cancel=True,
+            abort_timeout_s=self._config.abort_timeout_s,
+        )
+        session.send = send
+        try:
+            raw = await send.run()
+        except EngineStatusError as exc:
+            session.engine_errors += 1
+            raise Refused(passthrough(exc), "engine_errors") from exc
+        except EngineError as exc:
+            session.engine_errors += 1
+            if send.aborted == "failed":  # it reached the engine (a timeout, a reset)
+                self._counts["timeout_aborts"] += 1
+            raise refuse(502, f"engine failed: {exc}", "engine_errors", "upstream_error") from exc
+        finally:
+            if send.aborted == "cancelled":  # the agent went away (or was cancelled)
+                self._counts["disconnect_aborts"] += 1
+        if raw is None:
+            return None
+        url = send.url
+        data = raw.body
+        try:
+            if len(data) > _OFF_LOOP_JSON_BYTES:
+                return await anyio.to_thread.run_sync(_json.loads, data), send
+            return _json.loads(data), send
+        except ValueError as exc:
+            session.engine_errors += 1
+            raise refuse(
+                502,
+                f"engine {url} answered non-JSON to rid {rid}: {exc}",
+                "engine_errors",
+                "upstream_error",
+            ) from exc
+
+    async def abort_turn(self, session: SessionState) -> None:
+        """Abort the session's turn at its engine if one was sent. Best effort: the
+        engine is gone or busy; the rollout's own abort repeats. A turn still waiting for
+        a slot is not sent at all (its session is ``stopping``)."""
+        send = session.send
+        if send is not None and send.url is not None:
+            await self._context.router.abort_request(
+                send.url, send.rid, timeout_s=self._config.abort_timeout_s
+            )
