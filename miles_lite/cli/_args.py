@@ -119,7 +119,7 @@ def _run_flags(parser: argparse.ArgumentParser, command: str) -> None:
         dest="samples_per_prompt",
         type=int,
         default=None,
-        help="samples per prompt (a group)"
+        help="samples per prompt, a group"
         + (_default(command, "samples_per_prompt") if "samples_per_prompt" in shown else ""),
     )
     g.add_argument(
@@ -447,8 +447,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="the model's tokenizer (a folder or a hub id transformers can load)",
     )
     t.add_argument("--prompt-data", required=True, metavar="FILE", help="prompts, JSONL")
-    t.add_argument("--input-key", default="prompt", help="the prompt's key in each line")
-    t.add_argument("--label-key", default="label", help="the label's key in each line")
+    t.add_argument(
+        "--input-key", default="prompt", help="the prompt's key in each line (default prompt)"
+    )
+    t.add_argument(
+        "--label-key", default="label", help="the label's key in each line (default label)"
+    )
     t.add_argument("--output", default=None, metavar="FILE", help="write the samples here as JSONL")
     _run_flags(text, "text")
     _text_flags(text)

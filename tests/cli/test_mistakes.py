@@ -45,6 +45,9 @@ def one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["diffusion", "--engine-url", "http://h:1", "--transport", "pol"],
          "miles-lite diffusion: argument --transport: invalid choice 'pol'; did you mean"
          " 'pool'? (choose from pool, inline)"),
+        ([*TEXT, "--custom-generate-function-path", "no_such_module.fn"], "miles-lite text:"
+         " --custom-generate-function-path: cannot load 'no_such_module.fn': no module"
+         " 'no_such_module'"),
         ([*TEXT, "stray"], "miles-lite text: unexpected argument 'stray' (see miles-lite text"
          " --help)"),
         (["text", "--engine-url", "http://h:1"], "miles-lite text: the following arguments are"
