@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 from miles_lite.errors import ConfigError
@@ -223,8 +223,9 @@ def _merge(turns: Iterable[_Turn], max_trim_tokens: int, decode: Decode) -> Asse
             trimmed += trim
         between = turn.between(current.tokens)
         offset = current.response_length + len(between)
+        # Each turn's spans (kv_version marks kept) at its output's offset in the trajectory.
         current.weight_spans += [
-            WeightSpan(w.version, w.start + offset, w.end + offset) for w in turn.weight_spans
+            replace(w, start=w.start + offset, end=w.end + offset) for w in turn.weight_spans
         ]
         current.tokens += between
         current.tokens += turn.output
@@ -301,7 +302,7 @@ def _clip_spans(sample: Sample) -> None:
     """Cut the weight spans of ``sample`` at the end of its response."""
     n = sample.response_length
     sample.weight_spans = [
-        WeightSpan(w.version, w.start, min(w.end, n)) for w in sample.weight_spans if w.start < n
+        replace(w, end=min(w.end, n)) for w in sample.weight_spans if w.start < n
     ]
 
 

@@ -20,7 +20,7 @@ from miles_lite.agentic.assembly import (
 from miles_lite.agentic.turns import prefix_len
 from miles_lite.errors import ConfigError
 from miles_lite.sglang.chat_wire import TurnRecord
-from miles_lite.types import Sample, SampleStatus
+from miles_lite.types import Sample, SampleStatus, WeightSpan
 
 
 def turn(
@@ -206,3 +206,22 @@ def test_merging_records_in_place_gives_what_merging_turn_samples_gives() -> Non
         for a, b in zip(fast.samples, slow.samples, strict=True):
             a.metadata = b.metadata = {}
             assert a == b
+
+
+def test_merged_spans_keep_their_kv_marks_at_each_turns_offset() -> None:
+    first = dataclasses.replace(
+        turn([1, 2], [10, 11, 12]),
+        weight_spans=(WeightSpan("v0", 0, 1), WeightSpan("v1", 1, 3, kv_version="v0")),
+    )
+    second = dataclasses.replace(
+        turn([1, 2, 10, 11, 12, 20], [30, 31]),
+        weight_spans=(WeightSpan("v1", 0, 1, kv_version="v0"), WeightSpan("v2", 1, 2)),
+    )
+    (sample,) = assemble_samples(recorded(first, second), Sample(prompt="p")).samples
+    assert sample.loss_mask == [1, 1, 1, 0, 1, 1]
+    assert sample.weight_spans == [
+        WeightSpan("v0", 0, 1),
+        WeightSpan("v1", 1, 3, kv_version="v0"),
+        WeightSpan("v1", 4, 5, kv_version="v0"),  # the mark survives the offset
+        WeightSpan("v2", 5, 6),
+    ]
