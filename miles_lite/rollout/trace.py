@@ -12,7 +12,9 @@ Built from :attr:`RolloutResult.spans <miles_lite.RolloutResult.spans>` and
   ``fetch_in_parser``); ``event loop`` / ``inline``: decoding on the loop;
 - ``reward <kind>`` / ``worker i`` (or ``api``): ``reward``, queueing included;
 - ``agent sessions``: an agent's whole run, from its session's opening to its closing;
-- ``rollout`` / ``run``: the run, and ``early stop`` (abort at the engines, drain).
+- ``rollout`` / ``run``: the run, and ``early stop`` (abort at the engines, drain) when
+  the stop cut work short (:func:`stopped_early`); a stop that found nothing left to cut
+  (the last groups ended as the target was reached) is ``stop (nothing cut)``.
 
 A worker that needs more than one lane (``worker 0, queued +1``) had calls waiting
 behind each other: the pool was saturated. Trace events are Chrome's "complete" events (``ph``
@@ -28,14 +30,19 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.spans import UnitSpan
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = [
     "TraceEvent",
     "Track",
+    "stopped_early",
+    "timeline_figure",
     "timeline_tracks",
     "trace_json",
     "write_timeline_png",
@@ -158,11 +165,21 @@ def timeline_tracks(result: RolloutResult) -> list[Track]:
     run = [TraceEvent("rollout", times.start, times.end, {"rollout_id": result.rollout_id})]
     stop = []
     if times.stop_start is not None and times.stop_end is not None:
-        stop = [TraceEvent("early stop (abort, drain)", times.stop_start, times.stop_end)]
+        name = "early stop (abort, drain)" if stopped_early(result) else "stop (nothing cut)"
+        stop = [TraceEvent(name, times.stop_start, times.stop_end)]
     tracks.append(Track("rollout", "run", run))
     if stop:
         tracks.append(Track("rollout", "early stop", stop))
     return tracks
+
+
+def stopped_early(result: RolloutResult) -> bool:
+    """Whether ``result``'s run stopped early and cut work short: a group left partial or
+    a generation aborted. A run reaches its stop once enough groups are kept while others
+    still count as running; when those had in fact ended, the stop cut nothing."""
+    if result.times.stop_start is None:
+        return False
+    return bool(result.partial) or any(span.aborted for span in result.spans)
 
 
 def trace_json(result: RolloutResult) -> dict[str, Any]:
@@ -226,19 +243,38 @@ _COLOURS = {
     "agent": "#8172B3",
     "rollout": "#E5E5E5",
     "early": "#C44E52",
+    "stop": "#999999",
 }
 
 
 def write_timeline_png(
     result: RolloutResult, path: str | os.PathLike[str], *, title: str | None = None
 ) -> Path:
-    """Draw ``result``'s tracks as a PNG timeline (seconds from the run's start) at
-    ``path``; return the path. Aborted and failed generations are hatched; the early
-    stop is a red line across every track.
+    """Draw ``result``'s tracks as a PNG timeline (:func:`timeline_figure`) at ``path``;
+    return the path.
 
-    Needs matplotlib (``pip install matplotlib``, in the ``dev`` and ``bench`` extras):
-    ``ModuleNotFoundError`` saying so when it is missing. Blocking (rendering, file I/O):
-    from async code, run it in a thread.
+    Needs matplotlib (``pip install matplotlib``, in the ``demo``, ``dev`` and ``bench``
+    extras): ``ModuleNotFoundError`` saying so when it is missing. Blocking (rendering,
+    file I/O): from async code, run it in a thread.
+    """
+    fig = timeline_figure(result, title=title)
+    path = Path(path)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    return path
+
+
+def timeline_figure(result: RolloutResult, *, title: str | None = None) -> Figure:
+    """``result``'s tracks as a matplotlib figure (seconds from the run's start), one axes:
+    aborted and failed generations hatched, a red line across every track where the run
+    stopped early (only if the stop cut work short: :func:`stopped_early`), the legend
+    beside the axes, never over a bar. The caller closes it (``plt.close(fig)``).
+
+    Needs matplotlib: ``ModuleNotFoundError`` saying so when it is missing.
     """
     try:
         import matplotlib
@@ -253,7 +289,8 @@ def write_timeline_png(
     tracks = timeline_tracks(result)
     origin = result.times.start
     height = min(60.0, 1.6 + 0.24 * len(tracks))
-    fig, ax = plt.subplots(figsize=(12, height))
+    # Constrained layout makes room for the legend outside the axes.
+    fig, ax = plt.subplots(figsize=(12, height), layout="constrained")
     labels = []
     for row, track in enumerate(tracks):
         y = len(tracks) - 1 - row
@@ -268,8 +305,13 @@ def write_timeline_png(
                 edgecolor="white" if kind != "rollout" else "#BBBBBB",
                 linewidth=0.3,
             )
-    if result.times.stop_start is not None:
-        ax.axvline(result.times.stop_start - origin, color=_COLOURS["early"], linewidth=1.2)
+    if result.times.stop_start is not None and stopped_early(result):
+        ax.axvline(
+            result.times.stop_start - origin,
+            color=_COLOURS["early"],
+            linewidth=1.2,
+            label="early stop",
+        )
     ax.set_yticks([y for y, _ in labels], [label for _, label in labels], fontsize=7)
     ax.set_ylim(-0.8, len(tracks) - 0.2)
     ax.set_xlabel("seconds since the rollout started")
@@ -285,11 +327,9 @@ def write_timeline_png(
     shown = {e.name.split(" ")[0] for t in tracks for e in t.events}
     ax.legend(
         handles=[Patch(color=c, label=k) for k, c in _COLOURS.items() if k in shown],
-        loc="upper right",
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+        borderaxespad=0.0,
         fontsize=7,
     )
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
