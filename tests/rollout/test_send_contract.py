@@ -21,19 +21,29 @@ import pytest
 
 from miles_lite.agentic.config import Session
 from miles_lite.agentic.server import SessionServer
+from miles_lite.diffusion.config import DiffusionSamplingParams, TransportMode
+from miles_lite.diffusion.context import DiffusionContext
+from miles_lite.diffusion.generate import generate_diffusion
 from miles_lite.engine.config import EngineClientConfig, RouterConfig
 from miles_lite.engine.control import abort_requests
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
+from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.rollout.weights import WeightUpdateConfig, update_weights
 from miles_lite.sglang.control import PauseMode
 from miles_lite.sglang.generate_wire import build_generate_payload, new_rid
 from miles_lite.sglang.sampling import TextSamplingParams
-from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
+from miles_lite.testing import (
+    StandInConfig,
+    StandInEngine,
+    TextPolicy,
+    TextStandInConfig,
+    TextStandInEngine,
+)
 from miles_lite.text.context import TextContext
 from miles_lite.text.request import post_generate
-from miles_lite.types import WeightSpan
+from miles_lite.types import Sample, SampleStatus, WeightSpan
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -210,3 +220,33 @@ async def test_a_request_waiting_for_a_slot_at_the_stop_is_never_sent(
         assert stack.server.records(session.id) == []
         assert stack.server.statistics().aborted_answers == 1
         assert len(stack.run.in_flight) == 0
+
+
+async def test_a_diffusion_microgroup_waiting_for_a_slot_at_the_stop_is_never_sent() -> None:
+    async with (
+        StandInEngine(StandInConfig(step_latency_s=0.005)) as engine,
+        EngineClient(EngineClientConfig(total_timeout_s=30.0)) as client,
+        Router([engine.url], client, RouterConfig(max_inflight_per_engine=1)) as router,
+    ):
+        run = RunContext(0)
+        samples = [Sample(prompt="a cat", index=i, seed=7 + i) for i in range(2)]
+        got: list[list[Sample]] = []
+        context = DiffusionContext(router=router, mode=TransportMode.INLINE)
+        fn_input = GenerateFnInput(
+            samples=samples,
+            sampling_params=DiffusionSamplingParams().to_payload(),
+            context=context,
+            run=run,
+        )
+
+        async def send() -> None:
+            got.append(await generate_diffusion(fn_input))
+
+        async with anyio.create_task_group() as tg, router.lease():  # the only slot
+            tg.start_soon(send)
+            await wait_until(lambda: len(run.in_flight) == 1)
+            await anyio.sleep(0.05)  # at the lease, waiting for the slot
+            run.stop.set()
+        assert [s.status for s in got[0]] == [SampleStatus.ABORTED] * 2
+        assert {s.status_reason for s in got[0]} == {"early_stop"}
+        assert len(engine.stats.requests) == 0 and len(run.in_flight) == 0
