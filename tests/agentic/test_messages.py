@@ -7,6 +7,7 @@ streaming, system prompts, tool_use / tool_result blocks; a session named in an
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -224,3 +225,19 @@ async def test_a_session_named_in_an_x_session_id_header_is_served(stack: OpenSt
             assert response.status == 404
             assert (await response.json())["type"] == "error"
         assert len(s.server.records(session.id)) == 2
+
+
+def readme_block(heading: str, index: int) -> str:
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n")[index + 1].split("```", 1)[0]
+
+
+async def test_the_readmes_anthropic_snippet_runs_against_a_session(stack: OpenStack) -> None:
+    namespace: dict[str, Any] = {}
+    exec(readme_block("Agents: OpenAI chat through session URLs", 1), namespace)
+    async with stack() as s:
+        session = await s.server.open_session(s.run)
+        said = await namespace["run_claude_agent"](session, [{"role": "user", "content": "Say hi"}])
+        records = await s.server.close_session(session.id)
+    assert said == "Hi there." and len(records) == 1
