@@ -34,7 +34,6 @@ from miles_lite.text.kind import TextKind
 from miles_lite.text.single_turn import generate as single_turn
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.recording import RunRecorder
     from miles_lite.training.journal import Journal
 
 __all__ = ["TextRollout"]
@@ -66,7 +65,7 @@ class TextRollout(Rollout):
         generate_options: Mapping[str, Any] | None = None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None = None,
         progress: bool = False,
-        journal: RunRecorder | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.context = TextContext(
             tokenizer=tokenizer,
