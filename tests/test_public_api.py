@@ -44,6 +44,7 @@ LAYERS = {
     "pools": 4,
     "rewards": 5,
     "rollout": 5,
+    "training": 5.5,  # the journal: above the rollout (passed in as its RunRecorder)
     "text": 6,
     "diffusion": 6,
     "agentic": 7,

@@ -6,6 +6,7 @@ typed objects.
 - ``miles-lite text``: a text rollout against running engines, samples out as JSONL;
 - ``miles-lite diffusion`` (alias ``rollout``): a diffusion rollout against running engines;
 - ``miles-lite serve text|diffusion``: a stand-in engine on a port.
+- ``miles-lite journal show|export|replay|audit run.db``: a rollout journal read back.
 
 Commands import the library when they run: ``miles-lite --help`` imports nothing heavy.
 A mistake (a bad flag value, an unreachable engine, a missing tokenizer or prompt file, a
@@ -50,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     # The values of the generate function's own flags reach it as ``input.options``.
     options = {dest: getattr(args, dest) for dest in options}
-    module = {"demo": "demo", "serve": "demo", "text": "text"}.get(args.command, "diffusion")
+    module = {"demo": "demo", "serve": "demo", "text": "text", "journal": "journal"}.get(
+        args.command, "diffusion"
+    )
     try:
         # Imported here: the library (torch, transformers, aiohttp) loads only when a
         # command runs.

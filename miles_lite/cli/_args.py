@@ -483,4 +483,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     serve.add_argument("--token-latency", type=float, default=0.004, help="text: s per token")
     serve.add_argument("--step-latency", type=float, default=0.02, help="diffusion: s per step")
     commands = {"demo": demo, "text": text, "diffusion": diffusion, "rollout": diffusion}
-    return parser, {**commands, "serve": serve}
+    from miles_lite.cli.journal import add_journal_parser
+
+    return parser, {**commands, "serve": serve, "journal": add_journal_parser(sub)}

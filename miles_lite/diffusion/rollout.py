@@ -33,6 +33,7 @@ from miles_lite.rollout.rollout import Rollout, open_reward_pools
 from miles_lite.rollout.startup import startup_step
 
 if TYPE_CHECKING:
+    from miles_lite.rollout.recording import RunRecorder
     from miles_lite.training.journal import Journal
 
 __all__ = ["DiffusionRollout"]
@@ -77,7 +78,7 @@ class DiffusionRollout(Rollout):
         generate_options: Mapping[str, Any] | None = None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None = None,
         progress: bool = False,
-        journal: Journal | None = None,
+        journal: RunRecorder | None = None,
     ) -> None:
         self.context = DiffusionContext(
             router=router,

@@ -39,8 +39,7 @@ from miles_lite.rollout.weights import WeightUpdateReport, update_weights
 
 if TYPE_CHECKING:
     from miles_lite.rollout.batch import TrainingBatch
-    from miles_lite.training.journal import Journal
-    from miles_lite.training.reader import ResumeState
+    from miles_lite.rollout.recording import RunRecorder
 
 __all__ = ["Rollout", "open_reward_pools"]
 
@@ -70,19 +69,16 @@ class Rollout:
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None,
         progress: bool,
         max_started_samples: int,
-        journal: Journal | None = None,
+        journal: RunRecorder | None = None,
     ) -> None:
         self.config = config
         self.router = router
         self.kind = kind
         self.scorer = Scorer(rewards or {}, reward=config.reward, group_reward=config.group_reward)
         filters = [] if dynamic_filter is None else dynamic_filter
-        self.journal = None
+        self.journal = journal
         if journal is not None:  # every sample recorded as its generate call ends
-            from miles_lite.training.recorder import JournaledKind, RolloutJournal
-
-            self.journal = RolloutJournal(journal, config.n_samples_per_prompt)
-            kind = JournaledKind(kind, self.journal)
+            kind = journal.wrap(kind)
         self.driver = Driver(
             kind,
             self.scorer,
@@ -225,9 +221,9 @@ class Rollout:
         :mod:`miles_lite.training`."""
         if self.journal is None:
             raise ConfigError("commit() needs a journal: open the rollout with journal=...")
-        await self.journal.journal.commit(step, batch)
+        await self.journal.commit(step, batch)
 
-    async def resume(self) -> ResumeState:
+    async def resume(self) -> Any:
         """Where the journaled run stands (:class:`~miles_lite.training.ResumeState`): the
         last committed step, the groups handed after it (train on them first), the groups
         given and never handed (pass them to the next call) and the prompt ids given.

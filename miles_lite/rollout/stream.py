@@ -47,7 +47,7 @@ from miles_lite.types import Sample
 if TYPE_CHECKING:
     from miles_lite.rollout.driver import Driver
     from miles_lite.rollout.hooks import RunHandle
-    from miles_lite.training.recorder import RolloutJournal
+    from miles_lite.rollout.recording import RunRecorder
 
 __all__ = ["GroupStream", "StreamStatistics"]
 
@@ -105,7 +105,7 @@ class GroupStream:
         max_staleness: int | None,
         policy: StalenessPolicy,
         engines: tuple[str, ...] = (),
-        journal: RolloutJournal | None = None,
+        journal: RunRecorder | None = None,
     ) -> None:
         self._journal = journal  # a group is durable in it before it is yielded
         self._driver = driver

@@ -34,6 +34,7 @@ from miles_lite.text.kind import TextKind
 from miles_lite.text.single_turn import generate as single_turn
 
 if TYPE_CHECKING:
+    from miles_lite.rollout.recording import RunRecorder
     from miles_lite.training.journal import Journal
 
 __all__ = ["TextRollout"]
@@ -65,7 +66,7 @@ class TextRollout(Rollout):
         generate_options: Mapping[str, Any] | None = None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None = None,
         progress: bool = False,
-        journal: Journal | None = None,
+        journal: RunRecorder | None = None,
     ) -> None:
         self.context = TextContext(
             tokenizer=tokenizer,

@@ -18,10 +18,17 @@ from typing import Any
 
 import msgspec
 
-from miles_lite import errors
+import miles_lite.errors as errors
 from miles_lite.types import PrefixCacheInfo, Sample, SampleStatus, SessionInfo, WeightSpan
 
-__all__ = ["decode_samples", "encode_samples", "encode_value", "error_from_record"]
+__all__ = [
+    "decode_samples",
+    "encode_handed",
+    "encode_samples",
+    "encode_value",
+    "error_from_record",
+    "handed_entries",
+]
 
 
 def _fallback(value: Any) -> Any:
@@ -84,7 +91,7 @@ def _record(sample: Sample) -> dict[str, Any]:
         "se": sample.seed,
     }
     if error is not None:
-        record["e"] = [type(error).__name__, error.message, error.url, error.request_id]
+        record["e"] = _error_record(error)
     # Fields mostly at their defaults are written only when set (smaller blobs).
     optional = {
         "fr": sample.finish_reason,
@@ -110,6 +117,56 @@ def _record(sample: Sample) -> dict[str, Any]:
 def encode_samples(samples: list[Sample]) -> bytes:
     """``samples`` as one blob (see the module docstring for what is kept)."""
     return _encoder.encode([_record(s) for s in samples])
+
+
+def _error_record(error: errors.MilesLiteError | None) -> list[Any] | None:
+    if error is None:
+        return None
+    return [type(error).__name__, error.message, error.url, error.request_id]
+
+
+def encode_handed(samples: list[Sample], refs: list[tuple[int, int] | None]) -> bytes:
+    """A handed group: each sample whose generate call's record is journaled (``refs``:
+    its place and attempt) as a reference to that record plus what changed after it (index,
+    status, reward, error: scoring comes after generating); any other sample whole."""
+    entries: list[Any] = []
+    for sample, ref in zip(samples, refs, strict=True):
+        if ref is None:
+            entries.append(_record(sample))
+        else:
+            entries.append(
+                [
+                    *ref,
+                    sample.index,
+                    sample.status.value,
+                    sample.reward,
+                    _error_record(sample.error),
+                ]
+            )
+    return _encoder.encode(entries)
+
+
+def handed_entries(blob: bytes) -> list[Any]:
+    """The entries :func:`encode_handed` wrote: a full record (a dict) or a reference
+    ``[slot, attempt, index, status, reward, error]``."""
+    return _decoder.decode(blob)  # type: ignore[no-any-return]
+
+
+def resolve_entry(entry: Any, referenced: bytes | None, group_index: int) -> Sample:
+    """The sample of one handed entry (``referenced``: the record a reference names)."""
+    if isinstance(entry, dict):
+        return _sample(entry, group_index)
+    if referenced is None:
+        raise errors.JournalError(
+            f"a handed sample references record (place {entry[0]}, attempt {entry[1]}),"
+            " which the journal does not hold: the file is not whole"
+        )
+    (record,) = _decoder.decode(referenced)
+    record["i"], record["s"], record["r"] = entry[2], entry[3], entry[4]
+    record.pop("e", None)
+    if entry[5] is not None:
+        record["e"] = entry[5]
+    return _sample(record, group_index)
 
 
 def error_from_record(record: list[Any]) -> errors.MilesLiteError:

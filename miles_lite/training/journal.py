@@ -31,7 +31,7 @@ from miles_lite._core.resources import AsyncResource
 from miles_lite.errors import ConfigError, JournalError
 from miles_lite.training._schema import connect, journal_error
 from miles_lite.training._writer import Write, Writer, WriterStatistics
-from miles_lite.training.codec import encode_samples, encode_value
+from miles_lite.training.codec import encode_handed, encode_samples, encode_value
 from miles_lite.types import Sample
 
 if TYPE_CHECKING:
@@ -299,21 +299,26 @@ class Journal(AsyncResource):
             )
         )
 
-    async def hand(self, groups: Sequence[tuple[int, list[Sample]]]) -> None:
-        """Record ``(group id, samples)`` as handed to the trainer and wait until durable.
-        Raises :class:`~miles_lite.errors.JournalError` when it cannot be written."""
+    async def hand(
+        self, groups: Sequence[tuple[int, list[Sample], list[tuple[int, int] | None]]]
+    ) -> None:
+        """Record ``(group id, samples, refs)`` as handed to the trainer and wait until
+        durable. ``refs[k]``: the (place, attempt) under which sample ``k`` was recorded
+        (:meth:`record`) if it was, so only what changed since is written again. Raises
+        :class:`~miles_lite.errors.JournalError` when it cannot be written."""
         session = self.session
 
         def apply(conn: sqlite3.Connection) -> None:
             conn.executemany(
                 "INSERT INTO handed (gid, session, blob) VALUES (?, ?, ?)",
-                [(gid, session, encode_samples(g)) for gid, g in groups],
+                [(gid, session, encode_handed(g, refs)) for gid, g, refs in groups],
             )
             conn.executemany(
-                "UPDATE groups SET verdict = 'handed' WHERE gid = ?", [(g,) for g, _ in groups]
+                "UPDATE groups SET verdict = 'handed' WHERE gid = ?",
+                [(g,) for g, _, _ in groups],
             )
 
-        await self._durable(Write(apply, samples=sum(len(g) for _, g in groups), durable=True))
+        await self._durable(Write(apply, samples=sum(len(g) for _, g, _ in groups), durable=True))
 
     async def commit(self, step: int, batch: TrainingBatch | None = None) -> None:
         """Mark every group handed and not yet committed as consumed by ``step`` (call it

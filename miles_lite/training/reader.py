@@ -15,11 +15,19 @@ from dataclasses import dataclass, field
 
 from miles_lite.errors import JournalError
 from miles_lite.training._schema import connect, journal_error
-from miles_lite.training.codec import decode_samples
+from miles_lite.training.codec import decode_samples, handed_entries, resolve_entry
 from miles_lite.training.journal import GROUP_KEY
 from miles_lite.types import Sample, SampleStatus
 
-__all__ = ["ResumeState", "StepRecord", "iter_handed", "open_reader", "read_resume", "read_step"]
+__all__ = [
+    "ResumeState",
+    "StepRecord",
+    "handed_group",
+    "iter_handed",
+    "open_reader",
+    "read_resume",
+    "read_step",
+]
 
 #: Statuses of a journaled sample that needs no more generation.
 _DONE = {SampleStatus.COMPLETED, SampleStatus.TRUNCATED}
@@ -62,6 +70,23 @@ class StepRecord:
     dtype: str | None
 
 
+def handed_group(conn: sqlite3.Connection, gid: int, blob: bytes, group_index: int) -> list[Sample]:
+    """The samples of handed group ``gid`` (its hand-off ``blob``), each reference resolved
+    to the sample record it names. Raises :class:`JournalError` for a reference the file
+    does not hold."""
+    out = []
+    for entry in handed_entries(blob):
+        referenced = None
+        if not isinstance(entry, dict):
+            row = conn.execute(
+                "SELECT blob FROM samples WHERE gid = ? AND slot = ? AND attempt = ?",
+                (gid, entry[0], entry[1]),
+            ).fetchone()
+            referenced = None if row is None else row[0]
+        out.append(resolve_entry(entry, referenced, group_index))
+    return out
+
+
 def open_reader(path: str | os.PathLike[str], *, check: str = "quick") -> sqlite3.Connection:
     """A connection to read the journal at ``path`` (checked; no file: JournalError)."""
     return connect(path, check=check, max_bytes=None, create=False)
@@ -81,9 +106,9 @@ def read_resume(path: str | os.PathLike[str]) -> ResumeState:
 def _resume(conn: sqlite3.Connection) -> ResumeState:
     step = conn.execute("SELECT max(step) FROM steps").fetchone()[0]
     handed = [
-        decode_samples(blob, g)
-        for g, (blob,) in enumerate(
-            conn.execute("SELECT blob FROM handed WHERE step IS NULL ORDER BY seq")
+        handed_group(conn, gid, blob, g)
+        for g, (gid, blob) in enumerate(
+            conn.execute("SELECT gid, blob FROM handed WHERE step IS NULL ORDER BY seq").fetchall()
         )
     ]
     committed = [
@@ -161,12 +186,10 @@ def read_step(path: str | os.PathLike[str], step: int) -> StepRecord:
             steps = [r[0] for r in conn.execute("SELECT step FROM steps ORDER BY step")]
             shown = f"{steps[:3]}...{steps[-3:]}" if len(steps) > 6 else str(steps)
             raise JournalError(f"journal {path} has no committed step {step} (steps: {shown})")
-        groups = [
-            decode_samples(blob, g)
-            for g, (blob,) in enumerate(
-                conn.execute("SELECT blob FROM handed WHERE step = ? ORDER BY seq", (step,))
-            )
-        ]
+        rows = conn.execute(
+            "SELECT gid, blob FROM handed WHERE step = ? ORDER BY seq", (step,)
+        ).fetchall()
+        groups = [handed_group(conn, gid, blob, g) for g, (gid, blob) in enumerate(rows)]
         return StepRecord(
             step=step, groups=groups, digest=row[0], packed=bool(row[1]), dtype=row[2]
         )
@@ -180,10 +203,9 @@ def iter_handed(
     conn: sqlite3.Connection,
 ) -> Iterator[tuple[int, str, int | None, list[Sample]]]:
     """Every handed group: (group id, prompt id, step or ``None``, samples), hand order."""
-    for seq, (gid, prompt_id, step, blob) in enumerate(
-        conn.execute(
-            "SELECT h.gid, g.prompt_id, h.step, h.blob FROM handed h JOIN groups g USING (gid)"
-            " ORDER BY h.seq"
-        )
-    ):
-        yield gid, prompt_id, step, decode_samples(blob, seq)
+    rows = conn.execute(
+        "SELECT h.gid, g.prompt_id, h.step, h.blob FROM handed h JOIN groups g USING (gid)"
+        " ORDER BY h.seq"
+    ).fetchall()
+    for seq, (gid, prompt_id, step, blob) in enumerate(rows):
+        yield gid, prompt_id, step, handed_group(conn, gid, blob, seq)

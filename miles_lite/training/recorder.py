@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.kind import KindMetrics, RolloutKind
@@ -23,6 +23,9 @@ from miles_lite.rollout.spans import UnitSpan
 from miles_lite.training.journal import GROUP_KEY, Journal
 from miles_lite.training.reader import ResumeState
 from miles_lite.types import Sample
+
+if TYPE_CHECKING:
+    from miles_lite.rollout.batch import TrainingBatch
 
 __all__ = ["JournaledKind", "RolloutJournal", "open_journal"]
 
@@ -34,6 +37,9 @@ class RolloutJournal:
         self.journal = journal
         self.n_samples = n_samples
         self._gids: dict[int, list[int]] = {}  # per rollout id: the journal id of each group
+        # Samples whose generate call was recorded, by id: (group id, place, attempt, the
+        # sample, held so its id stays its own) until handed or the call ends.
+        self._recorded: dict[int, tuple[int, int, int, Sample]] = {}
 
     def begin(self, groups: Sequence[list[Sample]], rollout_id: int) -> None:
         """The groups of the call with ``rollout_id`` are given."""
@@ -49,9 +55,19 @@ class RolloutJournal:
         for group in groups:
             gid = self._group_gid(rollout_id, group)
             if gid is not None:
-                items.append((gid, group))
+                items.append((gid, group, [self._ref(gid, s) for s in group]))
         if items:
             await self.journal.hand(items)
+
+    def _ref(self, gid: int, sample: Sample) -> tuple[int, int] | None:
+        found = self._recorded.pop(id(sample), None)
+        if found is None or found[0] != gid or found[3] is not sample:
+            return None
+        return found[1], found[2]
+
+    def recorded(self, gid: int, slot: int, attempt: int, sample: Sample) -> None:
+        """``sample`` was recorded as (``gid``, ``slot``, ``attempt``)."""
+        self._recorded[id(sample)] = (gid, slot, attempt, sample)
 
     def end(self, rollout_id: int, result: RolloutResult) -> None:
         """The call ended with ``result`` (its kept groups handed): record its verdicts."""
@@ -65,7 +81,9 @@ class RolloutJournal:
             if gid is not None:
                 verdicts.append((gid, "partial", None))
         self.journal.verdicts(verdicts)
-        self._gids.pop(rollout_id, None)
+        gids = set(self._gids.pop(rollout_id, ()))
+        for key in [k for k, v in self._recorded.items() if v[0] in gids]:
+            del self._recorded[key]
 
     def _group_gid(self, rollout_id: int, group: list[Sample]) -> int | None:
         if not group:
@@ -77,6 +95,12 @@ class RolloutJournal:
 
     async def resume(self) -> ResumeState:
         return await self.journal.resume()
+
+    async def commit(self, step: int, batch: TrainingBatch | None) -> None:
+        await self.journal.commit(step, batch)
+
+    def wrap(self, kind: RolloutKind) -> RolloutKind:
+        return JournaledKind(kind, self)
 
 
 class JournaledKind:
@@ -106,6 +130,7 @@ class JournaledKind:
             if len(out) == len(unit):
                 for sample, (_, slot) in zip(out, places, strict=True):
                     await recorder.journal.record(gid, slot, attempt, [sample])
+                    recorder.recorded(gid, slot, attempt, sample)
             elif out:
                 await recorder.journal.record(gid, places[0][1], attempt, list(out))
         return out
@@ -120,12 +145,12 @@ class JournaledKind:
 @asynccontextmanager
 async def open_journal(
     journal: str | os.PathLike[str] | Journal, *, kind: str, config: Any
-) -> AsyncIterator[Journal]:
-    """The journal a rollout's ``open`` was given: a path is opened (and closed on exit),
-    a :class:`Journal` is used as it is (its owner closes it); either is bound to this
-    run (``kind``, ``config``), so a file of another run is refused."""
+) -> AsyncIterator[RolloutJournal]:
+    """The recorder of the journal a rollout's ``open`` was given: a path is opened (and
+    closed on exit), a :class:`Journal` is used as it is (its owner closes it); either is
+    bound to this run (``kind``, ``config``), so a file of another run is refused."""
     async with AsyncExitStack() as stack:
         if not isinstance(journal, Journal):
             journal = await stack.enter_async_context(Journal(journal))
         await journal.bind(kind, config)
-        yield journal
+        yield RolloutJournal(journal, config.n_samples_per_prompt)

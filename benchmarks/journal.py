@@ -1,0 +1,181 @@
+"""What the rollout journal costs, side by side with no journal, in one run; and how fast a
+journal is read back after a crash.
+
+    python benchmarks/journal.py --quick     # under a minute
+    python benchmarks/journal.py             # the default workload
+
+- ``generate@C``: the text benchmark's mock path (``text_mock.py`` in its own process,
+  prebuilt answers), ``TextRollout.run`` of N single-turn requests of ``--output-tokens``
+  at C in flight, alternately without and with a journal (each kept group handed durably,
+  each sample recorded as it ends). Per sample: main-process CPU minus the writer
+  thread's (the loop's share), the writer thread's CPU, and the throughput ratio;
+- ``recover``: a journal of ``--recover-groups`` handed groups (8 samples of
+  ``--output-tokens`` each) read back by ``read_resume`` (the groups handed after the
+  last commit, decoded), in seconds.
+
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from text_layer import MockProcess, check, engines, token_groups
+
+from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
+from miles_lite.training import Journal, JournalConfig, read_resume
+from miles_lite.types import Sample, SampleStatus
+
+
+async def one_run(
+    url: str, args: argparse.Namespace, tokenizer: Any, journal_path: Path | None
+) -> dict[str, float]:
+    config = TextRolloutConfig(
+        n_samples_per_prompt=4,
+        sampling=TextSamplingParams(max_new_tokens=args.output_tokens),
+        engines=engines(args.concurrency),
+    )
+    groups = token_groups(args.requests, 4, args.prompt_tokens)
+    journal = Journal(journal_path, JournalConfig(check="none")) if journal_path else None
+    async with (
+        journal if journal is not None else _nothing(),
+        TextRollout.open([url], tokenizer=tokenizer, config=config, journal=journal) as rollout,
+    ):
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        writer0 = journal.statistics().cpu_s if journal is not None else 0.0
+        result = await rollout.run(groups)
+        seconds = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        writer = (journal.statistics().cpu_s - writer0) if journal is not None else 0.0
+        blocked = journal.statistics().blocked_puts if journal is not None else 0
+    samples = result.samples
+    check(samples, args.output_tokens, args.prompt_tokens)
+    n = len(samples)
+    return {
+        "samples": n,
+        "samples_per_s": n / seconds,
+        "main_cpu_us_per_sample": 1e6 * (cpu - writer) / n,
+        "writer_cpu_us_per_sample": 1e6 * writer / n,
+        "blocked_puts": float(blocked),
+    }
+
+
+class _nothing:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def recover(path: Path, groups: int, tokens: int) -> dict[str, float]:
+    """Write ``groups`` handed groups of 8 samples, then time ``read_resume``."""
+    async with Journal(path, JournalConfig(check="none")) as journal:
+        for start in range(0, groups, 500):
+            batch = []
+            for g in range(start, min(groups, start + 500)):
+                group = [
+                    Sample(
+                        index=j,
+                        prompt=f"p{g}",
+                        status=SampleStatus.COMPLETED,
+                        tokens=list(range(64 + tokens)),
+                        response_length=tokens,
+                        loss_mask=[1] * tokens,
+                        rollout_log_probs=[-0.5] * tokens,
+                        reward=1.0,
+                        metadata={"prompt_id": g},
+                    )
+                    for j in range(8)
+                ]
+                batch.append(group)
+            gids = journal.give(batch, rollout_id=0)
+            refs = [[None] * 8 for _ in batch]  # whole records: a fair worst case
+            await journal.hand(list(zip(gids, batch, refs, strict=True)))
+    t0 = time.perf_counter()
+    state = await anyio.to_thread.run_sync(read_resume, path)
+    seconds = time.perf_counter() - t0
+    assert len(state.handed) == groups
+    size = (await anyio.Path(path).stat()).st_size
+    return {"groups": groups, "read_s": seconds, "mb": size / 2**20}
+
+
+async def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    from miles_lite.testing import load_qwen3_tokenizer
+
+    tokenizer = await anyio.to_thread.run_sync(load_qwen3_tokenizer)
+    rows: dict[str, list[dict[str, float]]] = {"none": [], "journal": []}
+    with tempfile.TemporaryDirectory(prefix="journal-bench-") as tmp:
+        await one_run(url, args, tokenizer, None)  # warm-up
+        for r in range(args.repeats):
+            rows["none"].append(await one_run(url, args, tokenizer, None))
+            path = Path(tmp) / f"run{r}.db"
+            rows["journal"].append(await one_run(url, args, tokenizer, path))
+        recovery = await recover(Path(tmp) / "recover.db", args.recover_groups, args.output_tokens)
+
+    def best(mode: str, key: str, pick: Any) -> float:
+        return float(pick(row[key] for row in rows[mode]))
+
+    out = {
+        "mode": f"generate@{args.concurrency}",
+        "requests": args.requests,
+        "output_tokens": args.output_tokens,
+        "none_samples_per_s": best("none", "samples_per_s", max),
+        "journal_samples_per_s": best("journal", "samples_per_s", max),
+        "none_main_cpu_us": best("none", "main_cpu_us_per_sample", min),
+        "journal_main_cpu_us": best("journal", "main_cpu_us_per_sample", min),
+        "journal_writer_cpu_us": best("journal", "writer_cpu_us_per_sample", min),
+        "blocked_puts": best("journal", "blocked_puts", max),
+        "recover": recovery,
+    }
+    out["throughput_ratio"] = out["journal_samples_per_s"] / out["none_samples_per_s"]
+    out["main_cpu_added_us"] = out["journal_main_cpu_us"] - out["none_main_cpu_us"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small run, under a minute")
+    parser.add_argument("--requests", type=int, default=8192)
+    parser.add_argument("--concurrency", type=int, default=512)
+    parser.add_argument("--output-tokens", type=int, default=512)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--recover-groups", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.repeats, args.recover_groups = 2048, 2, 10_000
+    with MockProcess(0.0, 32) as url:
+        out = run_sync(run_all, args, url)
+    rec = out["recover"]
+    print(f"{'':28} {'no journal':>12} {'journal':>12}")
+    print(
+        f"{'samples/s':28} {out['none_samples_per_s']:>12.0f} {out['journal_samples_per_s']:>12.0f}"
+    )
+    print(
+        f"{'main CPU us/sample':28} {out['none_main_cpu_us']:>12.1f}"
+        f" {out['journal_main_cpu_us']:>12.1f}"
+    )
+    print(f"{'writer CPU us/sample':28} {'-':>12} {out['journal_writer_cpu_us']:>12.1f}")
+    print(
+        f"throughput ratio {out['throughput_ratio']:.3f}; main CPU added {out['main_cpu_added_us']:.1f} us/sample"
+    )
+    print(
+        f"recover: {rec['groups']} groups ({rec['mb']:.0f} MB) read back in {rec['read_s']:.2f} s"
+    )
+    print(json.dumps({"journal": out}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
