@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -19,10 +21,34 @@ from nbclient.exceptions import CellExecutionError
 from tests.support.leaks import leaked_shm, shm_entries
 from tests.support.notebook import Notebook, text_of
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
 
 #: Cell indices in the notebook (markdown cells count).
 SETUP, REWARD, TEXT, AGENT_DEF, AGENT, DIFFUSION, PICTURE, STOP = 1, 3, 5, 7, 8, 10, 12, 13
+
+
+def untracked_outputs() -> set[str] | None:
+    """Untracked files of the checkout that are not source (``.py``, ``.md``: what
+    someone is writing in a shared tree), or None outside a git checkout."""
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if status.returncode != 0:
+        return None
+    paths = {line[3:] for line in status.stdout.splitlines() if line.startswith("?? ")}
+    return {p for p in paths if not p.endswith((".py", ".md"))}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def writes_nothing_into_the_checkout() -> Iterator[None]:
+    """The notebook runs in a temporary folder: its picture and trace (and anything else
+    a cell writes) never land in the repository."""
+    before = untracked_outputs()
+    yield
+    if before is not None:
+        assert untracked_outputs() - before == set()  # type: ignore[operator]
 
 
 def _in_group(process: psutil.Process, pgid: int) -> bool:
@@ -66,6 +92,9 @@ def test_the_quickstart_notebook_runs_in_a_kernel_and_survives_an_interrupt(
     shm_before = shm_entries()
     with Notebook(notebook, cwd=tmp_path, cell_timeout=180) as nb:
         kernel = nb.kernel_pid
+        # The kernel works in tmp_path: the picture cell writes there.
+        cwd = nb.run_source("import os\nprint(os.getcwd())").outputs[0].text.strip()
+        assert Path(cwd) == tmp_path
         for index in (SETUP, REWARD, TEXT):
             nb.run(index)
         assert "engines ready: http://127.0.0.1:" in nb.stdout(SETUP)
