@@ -1,8 +1,9 @@
 """Samples to compact journal blobs and back: :func:`encode_samples`, :func:`decode_samples`.
 
-One msgpack map per sample with short keys; per-token lists are packed arrays, not lists
-(token ids as int32, the loss mask as bytes, log-probs as float64: a log-prob comes back
-bit for bit, so a training batch rebuilt from the journal hashes the same). Diffusion
+One msgpack map per sample with short keys, encoded at C speed (msgspec): token ids as
+msgpack ints (1-5 bytes each), log-probs as float64 (a log-prob comes back bit for bit, so
+a training batch rebuilt from the journal hashes the same). Plain msgpack lists, not
+``array`` bytes: 5 us for a 512-token sample against 23 us. Diffusion
 tensors (``generated_output``, ``dit_trajectory``, ``denoising_env``, debug tensors, tensor
 log-probs) are referenced, not copied: the blob keeps each one's dtype and shape under
 ``metadata["journal_tensors"]`` of the decoded sample, and the tensor fields come back
@@ -13,7 +14,6 @@ must be msgpack values (str, numbers, lists, dicts); anything else is kept as it
 
 from __future__ import annotations
 
-from array import array
 from typing import Any
 
 import msgspec
@@ -81,11 +81,11 @@ def _record(sample: Sample) -> dict[str, Any]:
         "s": sample.status.value,
         "r": sample.reward,
         "m": sample.metadata,
-        "t": array("i", sample.tokens).tobytes() if sample.tokens else b"",
+        "t": sample.tokens,
         "rl": sample.response_length,
         "rs": sample.response,
-        "lm": None if sample.loss_mask is None else bytes(sample.loss_mask),
-        "lp": array("d", log_probs).tobytes() if isinstance(log_probs, list) else None,
+        "lm": sample.loss_mask,
+        "lp": log_probs if isinstance(log_probs, list) else None,
         "wv": sample.weight_versions,
         "ws": [[w.version, w.start, w.end, w.kv_version] for w in sample.weight_spans],
         "se": sample.seed,
@@ -184,13 +184,6 @@ def error_from_record(record: list[Any]) -> errors.MilesLiteError:
 
 
 def _sample(record: dict[str, Any], group_index: int) -> Sample:
-    tokens = array("i")
-    tokens.frombytes(record["t"])
-    log_probs: list[float] | None = None
-    if record["lp"] is not None:
-        values = array("d")
-        values.frombytes(record["lp"])
-        log_probs = values.tolist()
     metadata = record["m"]
     if "tn" in record:
         metadata = {**metadata, "journal_tensors": record["tn"]}
@@ -202,11 +195,11 @@ def _sample(record: dict[str, Any], group_index: int) -> Sample:
         status=SampleStatus(record["s"]),
         reward=record["r"],
         metadata=metadata,
-        tokens=tokens.tolist(),
+        tokens=record["t"],
         response=record["rs"],
         response_length=record["rl"],
-        loss_mask=None if record["lm"] is None else list(record["lm"]),
-        rollout_log_probs=log_probs,
+        loss_mask=record["lm"],
+        rollout_log_probs=record["lp"],
         weight_versions=record["wv"],
         weight_spans=[WeightSpan(v, s, e, k) for v, s, e, k in record["ws"]],
         seed=record["se"],
