@@ -78,6 +78,13 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     choice = body.get("tool_choice")
     if choice is not None:
         out["tool_choice"] = _chat_tool_choice(choice)
+    thinking = body.get("thinking")
+    if thinking is not None:
+        # Extended thinking is the template's switch on SGLang (Qwen3's enable_thinking).
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "disabled"):
+            raise BadTurn(f"thinking must be enabled or disabled, got {thinking!r:.80}", "thinking")
+        out["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
     return out
 
 
