@@ -110,13 +110,11 @@ class Send(Generic[R, T]):
         abort_on_cancel: bool = False,
         abort_timeout_s: float = ABORT_TIMEOUT_S,
     ) -> None:
-        self.router, self.scope, self.path, self.payload, self.rid = (
-            router,
-            scope,
-            path,
-            payload,
-            rid,
-        )
+        self.router = router
+        self.scope = scope
+        self.path = path
+        self.payload = payload
+        self.rid = rid
         self.span, self.key, self.timeout_s = span, key, timeout_s
         self.abort_on_cancel, self.abort_timeout_s = abort_on_cancel, abort_timeout_s
         self.url: str | None = None
@@ -150,8 +148,8 @@ class Send(Generic[R, T]):
         return self.request(url)
 
     def request(self, url: str) -> Awaitable[R]:
-        """One attempt at ``url`` (never retried by itself); by default the payload as
-        JSON with the engine client's ``post``."""
+        """One attempt at ``url``, never retried by itself (:class:`RawSend`: the payload
+        as JSON with the engine client's ``post``, ``retry=False``)."""
         raise NotImplementedError
 
     def finish(self, response: R) -> T:
