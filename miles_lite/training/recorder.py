@@ -70,7 +70,10 @@ class RolloutJournal:
         self._recorded[id(sample)] = (gid, slot, attempt, sample)
 
     def end(self, rollout_id: int, result: RolloutResult) -> None:
-        """The call ended with ``result`` (its kept groups handed): record its verdicts."""
+        """The call ended with ``result`` (its kept groups handed): record its verdicts,
+        and put the writer's counters in ``result.metrics`` (``journal/samples_written``,
+        ``journal/queue_max``, ``journal/blocked_puts``: the back-pressure,
+        ``journal/blocked_s``, ``journal/writer_cpu_s``; over the journal's life)."""
         verdicts: list[tuple[int, str, str | None]] = []
         for group, reason in zip(result.filtered, result.filter_reasons, strict=False):
             gid = self._group_gid(rollout_id, group)
@@ -81,6 +84,13 @@ class RolloutJournal:
             if gid is not None:
                 verdicts.append((gid, "partial", None))
         self.journal.verdicts(verdicts)
+        # The writer's counters so far (the journal's whole life, not this call's).
+        stats = self.journal.statistics()
+        result.metrics["journal/samples_written"] = float(stats.samples)
+        result.metrics["journal/queue_max"] = float(stats.queue_max)
+        result.metrics["journal/blocked_puts"] = float(stats.blocked_puts)
+        result.metrics["journal/blocked_s"] = stats.blocked_s
+        result.metrics["journal/writer_cpu_s"] = stats.cpu_s
         gids = set(self._gids.pop(rollout_id, ()))
         for key in [k for k, v in self._recorded.items() if v[0] in gids]:
             del self._recorded[key]

@@ -5,6 +5,7 @@ older attempt's late answer never supersedes a newer one."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import anyio.to_thread
@@ -119,3 +120,24 @@ async def test_an_older_attempt_answering_late_never_supersedes_a_newer_one(
     assert pending[1].status is SampleStatus.PENDING and pending[1].seed == 8
     async with Journal(path) as journal:  # a later session's attempts are above
         assert journal.next_attempt() > newer
+
+
+async def test_a_full_queue_holds_the_generate_calls_back_and_loses_nothing(
+    tmp_path: Path, journaled: Journaled
+) -> None:
+    path = tmp_path / "run.db"
+    async with (
+        Journal(path, JournalConfig(queue_size=1)) as journal,
+        journaled(journal, answer_tokens=64, token_latency_s=0.0) as (rollout, _),
+    ):
+        result = await rollout.run(prompts(8))
+        stats = journal.statistics()
+    metrics = result.metrics
+    assert metrics["journal/blocked_puts"] == stats.blocked_puts
+    assert metrics["journal/samples_written"] >= 16  # each recorded sample (and hand-offs)
+    state = await anyio.to_thread.run_sync(read_resume, path)
+    assert [[s.tokens for s in g] for g in state.handed] == [
+        [s.tokens for s in g] for g in result.groups
+    ]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM samples").fetchone()[0] == 16
