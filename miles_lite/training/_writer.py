@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,6 +27,8 @@ __all__ = ["Write", "Writer", "WriterStatistics"]
 
 #: Writes applied in one transaction at most.
 _MAX_BATCH = 512
+#: How long the writer lets sample writes gather after it wakes, seconds.
+_GATHER_S = 0.002
 
 
 @dataclass(slots=True)
@@ -61,17 +63,27 @@ class WriterStatistics:
 
 class Writer:
     """The writer thread over ``conn`` (see the module docstring); ``queue_size`` bounds the
-    writes waiting."""
+    sample writes waiting.
+
+    The hand-over is a deque (an append: no lock, no syscall) and an event the loop sets
+    only when the writer sleeps; the writer re-checks the deque after saying it sleeps, so
+    no write is left waiting. The room is two counters, each written by one thread only
+    (sample writes queued by the loop, applied by the writer).
+    """
 
     def __init__(
         self, conn: sqlite3.Connection, path: str | os.PathLike[str], *, queue_size: int
     ) -> None:
         self._conn = conn
         self._path = path
-        # Sample writes take a place of ``room`` (freed once applied); a few control writes
-        # per run (groups given, verdicts, hand-offs, commits) go in without one.
-        self.queue: queue.Queue[Write | None] = queue.Queue()
-        self.room = threading.BoundedSemaphore(queue_size)
+        self.limit = queue_size
+        self.pending: deque[Write | None] = deque()
+        self._wake = threading.Event()
+        self._sleeping = False
+        self._urgent = False  # a write someone waits for is queued: no gathering pause
+        self._applied_event = threading.Event()  # set after each transaction
+        self._queued_samples = 0  # sample writes queued (the loop's counter)
+        self._applied_samples = 0  # sample writes applied (the writer's counter)
         self.error: JournalError | None = None
         self.writes = self.samples = self.transactions = self.durable = 0
         self.cpu_s = 0.0
@@ -93,53 +105,76 @@ class Writer:
             blocked_s=self.blocked_s,
         )
 
+    def _push(self, write: Write | None) -> None:
+        self.pending.append(write)
+        if write is None or write.done is not None:
+            self._urgent = True
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.set()
+
     def put(self, write: Write) -> bool:
-        """Queue ``write`` without waiting; False when a sample write finds no room (then
-        :meth:`put_blocking` from a worker thread). Raises the writer's
+        """Queue ``write`` without waiting (from the event loop only); False when a sample
+        write finds no room (then :meth:`wait_room` in a worker thread). Raises the writer's
         :class:`JournalError` once it failed."""
         if self.error is not None:
             raise self.error
-        if write.counted and not self.room.acquire(blocking=False):
-            return False
-        self.queue.put_nowait(write)
-        size = self.queue.qsize()
-        if size > self.queue_max:
-            self.queue_max = size
+        if write.counted:
+            waiting = self._queued_samples - self._applied_samples
+            if waiting >= self.limit:
+                return False
+            self._queued_samples += 1
+            if waiting >= self.queue_max:
+                self.queue_max = waiting + 1
+        self._push(write)
         return True
 
-    def put_blocking(self, write: Write) -> None:
-        """Queue sample write ``write``, waiting for room (call it from a worker thread):
-        the back-pressure, counted in ``blocked_puts`` and ``blocked_s``."""
+    def wait_room(self) -> None:
+        """Wait until a sample write finds room (call it from a worker thread, then
+        :meth:`put` again from the loop): the back-pressure, counted in ``blocked_puts``
+        and ``blocked_s``. Returns at once once the writer failed (``put`` raises it)."""
         t0 = time.monotonic()
-        self.room.acquire()
+        while self._queued_samples - self._applied_samples >= self.limit and self.error is None:
+            self._applied_event.wait(0.05)
+            self._applied_event.clear()
         self.blocked_puts += 1
         self.blocked_s += time.monotonic() - t0
-        self.queue.put_nowait(write)
 
     def close(self) -> None:
         """Apply what is queued, then end the thread and close the file (blocking)."""
-        self.queue.put(None)
+        self._push(None)
         self._thread.join()
         self._conn.close()
 
+    def _next_batch(self) -> tuple[list[Write], bool]:
+        """Wait for writes; take up to ``_MAX_BATCH``; True when the close came."""
+        pending = self.pending
+        while not pending:
+            self._sleeping = True
+            if pending:  # appended before the loop saw us sleeping
+                self._sleeping = False
+                break
+            self._wake.wait(0.5)
+            self._wake.clear()
+            self._sleeping = False
+            if not self._urgent:
+                # Let sample writes gather for a moment (the GIL is free meanwhile): one
+                # wake-up and one transaction for many, not a thread switch per sample.
+                time.sleep(_GATHER_S)
+        self._urgent = False
+        batch: list[Write] = []
+        while pending and len(batch) < _MAX_BATCH:
+            write = pending.popleft()
+            if write is None:
+                return batch, True
+            batch.append(write)
+        return batch, False
+
     def _loop(self) -> None:
-        get = self.queue.get
         while True:
-            first = get()
-            if first is None:
-                return
-            batch = [first]
-            closing = False
-            while len(batch) < _MAX_BATCH:
-                try:
-                    more = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    closing = True
-                    break
-                batch.append(more)
-            self._apply(batch)
+            batch, closing = self._next_batch()
+            if batch:
+                self._apply(batch)
             if closing:
                 return
 
@@ -170,9 +205,9 @@ class Writer:
                 self.writes += len(batch)
                 self.samples += sum(w.samples for w in batch)
         self.cpu_s += time.thread_time() - t0
+        self._applied_samples += sum(w.counted for w in batch)
+        self._applied_event.set()
         for write in batch:
-            if write.counted:
-                self.room.release()
             if write.done is not None and not write.done.done():
                 if self.error is None:
                     write.done.set_result(None)

@@ -283,8 +283,8 @@ class Journal(AsyncResource):
         writer = self.writer
         if writer.error is not None:
             return  # the hand-off raises it: a generate call is no place to fail the run
-        if not writer.put(write):
-            await anyio.to_thread.run_sync(writer.put_blocking, write)
+        while not writer.put(write):
+            await anyio.to_thread.run_sync(writer.wait_room)
 
     def verdicts(self, verdicts: Sequence[tuple[int, str, str | None]]) -> None:
         """Record (group id, ``kept`` / ``filtered`` / ``partial``, reason) of groups."""
