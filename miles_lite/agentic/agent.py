@@ -34,7 +34,7 @@ from miles_lite.agentic.assembly import AssemblyMode, assemble_samples
 from miles_lite.agentic.config import SessionServerConfig
 from miles_lite.agentic.server import SessionServer
 from miles_lite.errors import AgentError, ConfigError, RewardError
-from miles_lite.pools.reward_pool import checked_scores
+from miles_lite.rewards.values import checked_scores
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import AbortResult, GenerateFnInput
 from miles_lite.sglang.sampling import chat_request_kwargs

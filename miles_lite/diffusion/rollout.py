@@ -26,7 +26,7 @@ from miles_lite.engine.router import Router
 from miles_lite.pools.arena import Arena, ArenaConfig
 from miles_lite.pools.arena_pages import FIRST_WORKER_TAG, LAST_WORKER_TAG
 from miles_lite.pools.parser_pool import ParserPool
-from miles_lite.pools.reward_pool import RewardPoolLike
+from miles_lite.pools.reward_base import RewardPoolLike
 from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.rollout import Rollout, open_reward_pools

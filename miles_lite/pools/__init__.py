@@ -9,14 +9,13 @@ if typing.TYPE_CHECKING:
     from miles_lite.pools.arena import Arena, ArenaConfig, Lease
     from miles_lite.pools.dask_pool import DaskRewardPool
     from miles_lite.pools.parser_pool import ParsedBody, ParserPool, ParserPoolConfig
-    from miles_lite.pools.reward_pool import (
-        ApiRewardPool,
+    from miles_lite.pools.reward_base import (
         RewardFn,
-        RewardPool,
         RewardPoolLike,
         RewardPoolStatistics,
         reward_view,
     )
+    from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool
     from miles_lite.pools.worker_pool import (
         ExecutorFactory,
         PoolWindow,
@@ -33,14 +32,13 @@ __getattr__, __dir__ = _lazy_exports(
         "miles_lite.pools.arena": ["Arena", "ArenaConfig", "Lease"],
         "miles_lite.pools.dask_pool": ["DaskRewardPool"],
         "miles_lite.pools.parser_pool": ["ParsedBody", "ParserPool", "ParserPoolConfig"],
-        "miles_lite.pools.reward_pool": [
-            "ApiRewardPool",
+        "miles_lite.pools.reward_base": [
             "RewardFn",
-            "RewardPool",
             "RewardPoolLike",
             "RewardPoolStatistics",
             "reward_view",
         ],
+        "miles_lite.pools.reward_pool": ["ApiRewardPool", "RewardPool"],
         "miles_lite.pools.worker_pool": [
             "ExecutorFactory",
             "PoolWindow",

@@ -26,6 +26,12 @@ What changes from local workers:
   :class:`WorkerCrashedError` naming the worker. Other calls go on; the pool stays open.
 - **Timeouts** cancel the task at the scheduler, but Dask cannot interrupt a task that
   is running: its worker thread runs on until the function returns.
+- **Scheduler loss** (its process killed, its host gone): the client cancels every task
+  it had; each call in flight, and each later call while the client is not connected,
+  fails with :class:`RewardError` caused by a :class:`WorkerError` naming the scheduler,
+  so the rollout fails those samples (counted in ``rollout/failed_samples``) and
+  returns. A scheduler back at the same address within the client's timeout
+  (``connect_timeout_s``) is used again.
 
 ``distributed`` is imported only when a pool connects to an address (``pip install
 "dask[distributed]"``, or the ``dask`` extra).
@@ -34,35 +40,33 @@ What changes from local workers:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import threading
-import traceback
-from concurrent.futures import BrokenExecutor, CancelledError, Executor, Future
+from collections.abc import Callable
+from concurrent.futures import BrokenExecutor, Executor, Future
 from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
 import anyio.to_thread
-import cloudpickle
 
-from miles_lite._core.resources import AsyncResource
 from miles_lite._core.validate import check_seconds
 from miles_lite.errors import (
     ConfigError,
     MilesLiteError,
-    RewardError,
     WorkerCrashedError,
     WorkerError,
     WorkerTaskError,
+    WorkerTimeoutError,
 )
-from miles_lite.pools.reward_pool import (
+from miles_lite.pools.reward_base import (
     DEFAULT_REWARD_TIMEOUT_S,
     RewardFn,
-    RewardPoolStatistics,
-    checked_scores,
-    reward_view,
-    tensor_bytes,
+    RewardPoolBase,
+    call_reward,
+    load_reward,
 )
 from miles_lite.pools.worker_pool import PoolWindow, PoolWindows
 from miles_lite.types import Sample
@@ -71,6 +75,8 @@ __all__ = ["DaskRewardPool"]
 
 #: How long closing waits for the pool's own client to disconnect, in seconds.
 _CLOSE_TIMEOUT_S = 10.0
+#: How often a waiting call checks that the pool's client still has its scheduler (s).
+_LOST_CHECK_S = 0.25
 
 # The reward functions installed in this worker process, by digest of their pickle.
 _INSTALLED: dict[str, RewardFn] = {}
@@ -85,20 +91,21 @@ def _installed(digest: str, blob: bytes) -> RewardFn:
     with _INSTALL_LOCK:  # a worker with several threads: load the model once
         fn = _INSTALLED.get(digest)
         if fn is None:
-            fn = cloudpickle.loads(blob)
-            load = getattr(fn, "load", None)
-            if callable(load):
-                load()
-            _INSTALLED[digest] = fn
+            fn = _INSTALLED[digest] = load_reward(blob)
     return fn
 
 
 def score_remote(digest: str, blob: bytes, samples: list[Sample]) -> list[Any]:
     """What runs on a cluster worker: the pool's function over ``samples``."""
-    return list(_installed(digest, blob)(samples))
+    return call_reward(_installed(digest, blob), samples)
 
 
-class DaskRewardPool(AsyncResource):
+class _Dropped(Exception):
+    """The cluster cancelled the task (the client lost its scheduler, or it was
+    cancelled there): not this task's cancellation."""
+
+
+class DaskRewardPool(RewardPoolBase):
     """Scores with ``fn`` on a Dask cluster (see the module docstring); use as ``async
     with DaskRewardPool("math", fn, address="tcp://10.0.0.5:8786") as pool``.
 
@@ -113,6 +120,7 @@ class DaskRewardPool(AsyncResource):
     """
 
     _resource_name = "Dask reward pool"
+    _timeout_action = "its task was cancelled (a running task runs on in its worker)"
 
     def __init__(
         self,
@@ -124,7 +132,6 @@ class DaskRewardPool(AsyncResource):
         timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
         connect_timeout_s: float = 30.0,
     ) -> None:
-        super().__init__()
         if (address is None) == (executor is None):
             raise ConfigError(
                 "DaskRewardPool needs exactly one of address (a scheduler, tcp://host:port)"
@@ -136,23 +143,14 @@ class DaskRewardPool(AsyncResource):
             raise ConfigError(
                 f"DaskRewardPool.executor must be a concurrent.futures.Executor, got {executor!r}"
             )
-        check_seconds("DaskRewardPool", "timeout_s", timeout_s)
         check_seconds("DaskRewardPool", "connect_timeout_s", connect_timeout_s)
-        self.name = name
-        self.fn = fn
+        super().__init__(name, fn, timeout_s=timeout_s)
         self.address = address
-        self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
-        self._fn_name = getattr(fn, "__qualname__", None) or type(fn).__name__
-        self._blob = cloudpickle.dumps(fn)
         self._digest = hashlib.sha256(self._blob).hexdigest()
         self._executor = executor
         self._client: Any = None
         self._windows = PoolWindows()
-        self._in_flight = 0
-        self._counts = dict.fromkeys(
-            ("calls", "failures", "crashes", "timeouts", "tensor_bytes_sent"), 0
-        )
 
     def _describe(self) -> str:
         where = self.address or "an executor"
@@ -180,29 +178,20 @@ class DaskRewardPool(AsyncResource):
         already in flight at each call (the cluster, not the pool, picks the worker)."""
         return self._windows.measure()
 
-    def statistics(self) -> RewardPoolStatistics:
-        """A snapshot of the pool's counters."""
-        return RewardPoolStatistics(in_flight=self._in_flight, **self._counts)
-
-    async def score(self, samples: list[Sample]) -> list[float | dict[str, Any]]:
-        """Score ``samples`` in one task on the cluster; one float or dict per sample.
-
-        Raises :class:`RewardError` (the cause kept) when the function raises
-        (:class:`WorkerTaskError` with the remote traceback), returns the wrong number of
-        scores or a NaN/inf, runs past ``timeout_s``, or its worker dies
-        (:class:`WorkerCrashedError`); ``ClosedResourceError`` outside the pool's block.
-        On cancellation the task is cancelled at the scheduler.
-        """
-        self._check_open()
+    async def _call(
+        self,
+        views: list[Sample],
+        samples: list[Sample],
+        on_worker: Callable[[int], None] | None,
+    ) -> list[Any]:
+        """One task on the cluster; on cancellation it is cancelled at the scheduler."""
         executor = self._executor
         if executor is None:  # pragma: no cover - set by _open
             raise ConfigError(f"{self._describe()} has no executor")
-        views = [reward_view(s) for s in samples]
-        counts = self._counts
-        counts["calls"] += 1
-        counts["tensor_bytes_sent"] += tensor_bytes(views)
-        self._windows.dispatched(self._in_flight)
-        self._in_flight += 1
+        self._windows.dispatched(self._in_flight - 1)
+        lost = self._scheduler_lost()
+        if lost is not None:
+            raise WorkerError(lost)
         future: Future[list[Any]] | None = None
         try:
             # Shielded: a submit abandoned half-way would leave a task nobody cancels.
@@ -212,49 +201,88 @@ class DaskRewardPool(AsyncResource):
                     executor.submit, score_remote, self._digest, self._blob, views
                 )
             future = submitted
+            waiter = _bridge(submitted)
             try:
                 with anyio.fail_after(self.timeout_s):
-                    scores = await asyncio.wrap_future(future)
+                    return await self._wait(waiter)
             finally:
-                if not future.done():
-                    future.cancel()  # cancelled or timed out: release it at the scheduler
+                if not waiter.done():
+                    waiter.cancel()  # nothing is set on it after this call ends
+                if not submitted.done():
+                    submitted.cancel()  # cancelled or timed out: release it at the scheduler
+        except TimeoutError as exc:
+            if future is not None and future.cancelled():
+                raise WorkerTimeoutError(f"past {self.timeout_s} s") from exc
+            raise self._cause(exc) from exc
         except Exception as exc:
-            counts["failures"] += 1
-            error = self._reward_error(exc, future)
-            raise error from error.__cause__
-        finally:
-            self._in_flight -= 1
-        return checked_scores(self.name, scores, samples)
+            raise self._cause(exc) from exc
 
-    def _reward_error(self, exc: Exception, future: Future[Any] | None) -> RewardError:
-        what = f"reward {self.name!r} ({self._fn_name}) on {self._describe()}"
-        cause: BaseException
-        if isinstance(exc, TimeoutError) and future is not None and future.cancelled():
-            self._counts["timeouts"] += 1
-            error = RewardError(
-                f"{what} did not return within its timeout of {self.timeout_s} s"
-                " (DaskRewardPool timeout_s); its task was cancelled (a running task runs"
-                " on in its worker)"
-            )
-            error.__cause__ = exc
-            return error
+    async def _wait(self, waiter: asyncio.Future[list[Any]]) -> list[Any]:
+        """The task's scores. Checks the client every ``_LOST_CHECK_S`` meanwhile: once it
+        lost the scheduler, a task may never settle (Dask leaves the executor's future
+        pending when fetching a finished task's result fails), so the call fails then."""
+        while not waiter.done():
+            await asyncio.wait((waiter,), timeout=_LOST_CHECK_S)
+            lost = self._scheduler_lost()
+            if lost is not None and not waiter.done():
+                raise WorkerError(lost)
+        return waiter.result()
+
+    def _scheduler_lost(self) -> str | None:
+        """Why the pool's own client cannot reach its scheduler now, or None."""
+        client = self._client
+        if client is None:
+            return None
+        status = str(getattr(client, "status", "running"))
+        if status == "running":
+            return None
+        return (
+            f"the connection to the Dask scheduler at {self.address} was lost (the client is"
+            f" {status}): is the scheduler running?"
+        )
+
+    def _cause(self, exc: Exception) -> MilesLiteError:
+        """The typed cause of a failed task (turned into the RewardError by the base)."""
+        if isinstance(exc, MilesLiteError):
+            return exc
         if _is_crash(exc):
-            self._counts["crashes"] += 1
-            cause = WorkerCrashedError(f"a worker died while running it: {exc}")
-        elif isinstance(exc, CancelledError):
-            cause = WorkerError(f"the cluster dropped the task: {exc or type(exc).__name__}")
-        elif isinstance(exc, MilesLiteError):
-            cause = exc
-        else:
-            cause = WorkerTaskError(
-                f"{self._fn_name} raised {type(exc).__name__}: {exc}",
-                remote_traceback="".join(traceback.format_exception(exc)),
+            return WorkerCrashedError(f"a worker died while running it: {exc}")
+        lost = self._scheduler_lost()
+        if lost is not None:
+            return WorkerError(lost)
+        if isinstance(exc, _Dropped):
+            return WorkerError(
+                "the cluster dropped the task (its client lost the scheduler, or it was"
+                " cancelled there)"
             )
-        if cause is not exc:
-            cause.__cause__ = exc
-        error = RewardError(f"{what} failed: {cause}")
-        error.__cause__ = cause
-        return error
+        return WorkerTaskError(f"{self._fn_name}'s task failed: {type(exc).__name__}: {exc}")
+
+
+def _bridge(future: Future[list[Any]]) -> asyncio.Future[list[Any]]:
+    """An asyncio future settled by ``future`` from the client's thread. Unlike
+    ``asyncio.wrap_future``, a task the cluster cancelled (the client lost its scheduler)
+    arrives as :class:`_Dropped`, not as a cancellation of the task awaiting it."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[list[Any]] = loop.create_future()
+
+    def settle(done: Future[list[Any]]) -> None:
+        if waiter.done():
+            return
+        if done.cancelled():
+            waiter.set_exception(_Dropped())
+            return
+        exc = done.exception()
+        if exc is not None:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result(done.result())
+
+    def on_done(done: Future[list[Any]]) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(settle, done)
+
+    future.add_done_callback(on_done)
+    return waiter
 
 
 def _is_crash(exc: BaseException) -> bool:

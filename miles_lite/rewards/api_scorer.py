@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 
 from miles_lite._core.resources import AsyncResource
+from miles_lite._core.reward_values import reward_problem
 from miles_lite._core.validate import check_int, check_type
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.engine.http.client import EngineClient
@@ -299,20 +299,13 @@ class ApiScorer(AsyncResource):
             )
         out: list[float | dict[str, Any]] = []
         for sample, value in zip(samples, scores, strict=True):
-            if isinstance(value, dict):
-                out.append(value)
-            elif (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-            ):
-                out.append(float(value))
-            else:
+            problem = reward_problem(value)  # the one rule for reward values
+            if problem is not None:
                 raise RewardError(
-                    f"reward API score for sample {sample.index} is {value!r}; expected a finite number "
-                    "or an object",
+                    f"reward API score for sample {sample.index} is {value!r}: {problem}",
                     url=self.url,
                 )
+            out.append(value if isinstance(value, dict) else float(value))
         return out
 
 

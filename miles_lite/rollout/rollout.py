@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from miles_lite.engine.router import Router
 from miles_lite.errors import ConfigError
 from miles_lite.pools.arena import Arena
-from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool, RewardPoolLike
+from miles_lite.pools.reward_base import RewardPoolLike
+from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool
 from miles_lite.rollout.config import RolloutConfig
 from miles_lite.rollout.driver import Driver
 from miles_lite.rollout.filters import GroupFilter

@@ -1,8 +1,11 @@
 """Rewards of a rollout: per unit as it lands, and per group once the group is whole.
 
 Each sample is scored by the pool its ``metadata["rm_type"]`` names, else the rollout's
-default kind. Any failure of a pool (typed or not) fails only the samples it was scoring,
-with a :class:`~miles_lite.errors.RewardError` whose cause is the original error.
+default kind. Any failure of a pool fails only the samples it was scoring, with a
+:class:`~miles_lite.errors.RewardError`: the library's pools raise it already (wrapped
+once, in :class:`~miles_lite.pools.reward_base.RewardPoolBase`; an API scorer's by the
+scorer) and check their scores; a pool of your own is wrapped and checked here, once
+(:func:`~miles_lite.rewards.values.checked_scores`).
 Cancellation propagates (rewards of work the rollout no longer needs are cancelled).
 """
 
@@ -13,8 +16,10 @@ from typing import Any
 
 import anyio
 
+from miles_lite._core.reward_values import checked_scores
 from miles_lite.errors import ConfigError, MilesLiteError, RewardError
-from miles_lite.pools.reward_pool import RewardPool, RewardPoolLike
+from miles_lite.pools.reward_base import RewardPoolBase, RewardPoolLike
+from miles_lite.pools.reward_pool import ApiRewardPool
 from miles_lite.rollout.spans import UnitSpan
 from miles_lite.types import Sample, SampleStatus
 
@@ -88,20 +93,16 @@ class Scorer:
         try:
             if pool is None:
                 raise RewardError(f"no reward pool for kind {kind!r}; have {sorted(self.rewards)}")
-            scores: Any
+            scores: list[float | dict[str, Any]]
             if span is not None:
                 span.reward_pool = kind
-            if span is not None and isinstance(pool, RewardPool):
-
-                def on_worker(index: int, span: UnitSpan = span) -> None:
-                    span.reward_worker = index
-
-                scores = await pool.score(batch, on_worker=on_worker)
+            if isinstance(pool, RewardPoolBase):
+                on_worker = None if span is None else _WorkerOf(span)
+                scores = await pool.score(batch, on_worker=on_worker)  # checked there
+            elif isinstance(pool, ApiRewardPool):
+                scores = await pool.score(batch)  # checked there
             else:
-                scores = await pool.score(batch)
-            if not isinstance(scores, list) or len(scores) != len(batch):
-                got = len(scores) if isinstance(scores, list) else type(scores).__name__
-                raise RewardError(f"reward {kind!r} returned {got} scores for {len(batch)} samples")
+                scores = checked_scores(kind, await pool.score(batch), batch)
         except Exception as exc:
             error = (
                 exc
@@ -118,3 +119,15 @@ class Scorer:
             return
         for sample, value in zip(batch, scores, strict=True):
             sample.reward = value
+
+
+class _WorkerOf:
+    """Records in ``span`` the reward worker a pool picked (a trace's track)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: UnitSpan) -> None:
+        self.span = span
+
+    def __call__(self, index: int) -> None:
+        self.span.reward_worker = index

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
-from miles_lite.pools.reward_pool import RewardPoolLike
+from miles_lite.pools.reward_base import RewardPoolLike
 from miles_lite.rollout.contract import BindsContext, GenerateFn
 from miles_lite.rollout.filters import GroupFilter
 from miles_lite.rollout.rollout import Rollout, open_reward_pools
