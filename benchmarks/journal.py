@@ -80,10 +80,11 @@ class _nothing:
         return None
 
 
-async def loop_share(path: Path, samples: int, tokens: int) -> float:
+async def loop_share(path: Path, samples: int, tokens: int) -> tuple[float, float]:
     """The event loop's CPU per sample of the journal's own calls (``record``, as each
-    generate call ends), in microseconds: what the rollout's numbers above cannot resolve
-    from run-to-run noise."""
+    generate call ends), and the writer thread's CPU per sample recorded, with nothing
+    else running, in microseconds: what the rollout's numbers above cannot resolve from
+    run-to-run noise."""
     sample = Sample(
         status=SampleStatus.COMPLETED,
         prompt="p",
@@ -99,7 +100,8 @@ async def loop_share(path: Path, samples: int, tokens: int) -> float:
             await journal.record(gid, i, journal.next_attempt(), [sample])
         loop_s = time.thread_time() - t0
         await journal.flush()
-    return 1e6 * loop_s / samples
+        writer_s = journal.statistics().cpu_s
+    return 1e6 * loop_s / samples, 1e6 * writer_s / samples
 
 
 async def recover(path: Path, groups: int, tokens: int) -> dict[str, float]:
@@ -154,7 +156,9 @@ async def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
             rows["none"].append(await one_run(url, args, tokenizer, None))
             path = Path(tmp) / f"run{r}.db"
             rows["journal"].append(await one_run(url, args, tokenizer, path))
-        loop_us = await loop_share(Path(tmp) / "loop.db", 4_000, args.output_tokens)
+        loop_us, writer_alone_us = await loop_share(
+            Path(tmp) / "loop.db", 4_000, args.output_tokens
+        )
         recovery = await recover(Path(tmp) / "recover.db", args.recover_groups, args.output_tokens)
 
     def best(mode: str, key: str, pick: Any) -> float:
@@ -171,6 +175,7 @@ async def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "journal_writer_cpu_us": best("journal", "writer_cpu_us_per_sample", min),
         "blocked_puts": best("journal", "blocked_puts", max),
         "loop_us_per_sample_record": loop_us,
+        "writer_us_per_sample_alone": writer_alone_us,
         "recover": recovery,
     }
     out["throughput_ratio"] = out["journal_samples_per_s"] / out["none_samples_per_s"]
@@ -205,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"throughput ratio {out['throughput_ratio']:.3f}; main CPU added {out['main_cpu_added_us']:.1f} us/sample"
     )
-    print(f"the journal's calls on the loop: {out['loop_us_per_sample_record']:.1f} us/sample")
+    print(
+        f"recording alone: loop {out['loop_us_per_sample_record']:.1f} us/sample,"
+        f" writer {out['writer_us_per_sample_alone']:.1f} us/sample"
+    )
     print(
         f"restart on a {rec['groups']}-group journal ({rec['mb']:.0f} MB, 8 groups in"
         f" flight): open (quick_check) + resume {rec['restart_s']:.2f} s"

@@ -363,4 +363,4 @@ class Journal(AsyncResource):
         from miles_lite.training.reader import read_resume
 
         await self.flush()
-        return await anyio.to_thread.run_sync(read_resume, self.path)
+        return await anyio.to_thread.run_sync(read_resume, self.path, "none")

@@ -92,9 +92,11 @@ def open_reader(path: str | os.PathLike[str], *, check: str = "quick") -> sqlite
     return connect(path, check=check, max_bytes=None, create=False)
 
 
-def read_resume(path: str | os.PathLike[str]) -> ResumeState:
-    """The :class:`ResumeState` of the journal at ``path``."""
-    conn = open_reader(path, check="none")  # the journal checked it when it opened
+def read_resume(path: str | os.PathLike[str], check: str = "quick") -> ResumeState:
+    """The :class:`ResumeState` of the journal at ``path``, checked first (``check``: as
+    :class:`~miles_lite.training.JournalConfig`'s; an open :class:`Journal` passes
+    ``"none"``: it checked the file when it opened it)."""
+    conn = open_reader(path, check=check)
     try:
         return _resume(conn)
     except sqlite3.Error as exc:
