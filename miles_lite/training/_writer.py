@@ -1,7 +1,7 @@
 """The journal's one writer thread: it takes writes from a bounded queue and applies them in
 batched transactions (``synchronous=NORMAL``), switching to ``FULL`` for a transaction
 that holds a durable write (a hand-off, a commit). Writes are closures the event loop
-queues: encoding runs here, off the loop.
+queues (sample records come encoded; hand-offs and group templates are encoded here).
 
 After a failed transaction (a full disk, an I/O error) the writer keeps the error, fails
 that transaction's and every later write's future with it, and writes nothing more: the

@@ -2,12 +2,13 @@
 crashed trainer resumes exactly where it committed (see :mod:`miles_lite.training`).
 
 :class:`Journal` owns the file and its one writer thread. The event loop only queues
-writes (a closure each; encoding and SQLite run in the writer) and waits on the disk in
-two places the contract needs: a hand-off (a group is durable before the trainer gets
-it) and a commit. Records: each group given (prompt id, seeds, a template sample), each
+writes (a closure each: SQLite runs in the writer; a sample record is encoded on the
+loop, ~10 us in C, so the writer holds the GIL for little) and waits on the disk in two
+places the contract needs: a hand-off (a group is durable before the trainer gets it)
+and a commit. Records: each group given (prompt id, seeds, a template sample), each
 sample as its generate call ends (with the attempt that made it), each group's verdict,
-each group handed (the whole group as handed), each step committed (with the digest of
-its training batch).
+each group handed (references to its sample records plus what scoring changed), each
+step committed (with the digest of its training batch).
 """
 
 from __future__ import annotations
