@@ -43,6 +43,9 @@ import torch
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.engine import EngineConfig, RouterConfig
 from miles_lite.rollout import TrainingBatch, group_lag, training_batch
+from miles_lite.rollout.groups import PromptGroup
+from miles_lite.rollout.stream import GroupStream
+from miles_lite.training import ResumeState
 from miles_lite.types import Sample
 
 SERVED_MODEL = Path("~/.cache/miles-lite/sglang-venv/tiny-qwen2").expanduser()
@@ -145,6 +148,55 @@ def made_by(groups: list[list[Sample]], batch: TrainingBatch, version: str) -> t
     return mask
 
 
+def checkpoint_path(journal: Path, step: int) -> Path:
+    """The trainer's own checkpoint of ``step``, beside the journal."""
+    return journal.with_name(f"{journal.name}.step{step}.pt")
+
+
+async def commit(
+    rollout: TextRollout,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    journal: Path,
+    step: int,
+    data: TrainingBatch,
+) -> None:
+    """The trainer's checkpoint of ``step`` (model and optimizer), then the journal's
+    commit: the groups handed so far are consumed, and ``data`` replays bit for bit."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    await anyio.to_thread.run_sync(torch.save, state, checkpoint_path(journal, step))
+    await rollout.commit(step, batch=data)
+
+
+async def resume(
+    rollout: TextRollout, model: Any, optimizer: torch.optim.Optimizer, journal: Path
+) -> ResumeState:
+    """Where the journal stands; the model and optimizer back at its last committed step."""
+    state: ResumeState = await rollout.resume()
+    if state.step is not None:
+        saved = await anyio.to_thread.run_sync(torch.load, checkpoint_path(journal, state.step))
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+    return state
+
+
+class HandedFirst:
+    """The groups handed before a crash and not committed (trained on first, as they
+    were), then the stream's."""
+
+    def __init__(self, state: ResumeState | None, groups: GroupStream) -> None:
+        self.handed = [] if state is None else list(state.handed)
+        self.groups = groups
+
+    def __aiter__(self) -> HandedFirst:
+        return self
+
+    async def __anext__(self) -> list[Sample]:
+        if self.handed:
+            return self.handed.pop(0)
+        return await self.groups.__anext__()
+
+
 def save(model: Any, folder: Path) -> Path:
     model.save_pretrained(str(folder))
     return folder
@@ -161,8 +213,10 @@ async def train(
     tokens: int = 16,
     lr: float = 0.1,
     workdir: Path,
+    journal: Path | None = None,
 ) -> list[dict[str, float]]:
-    """Run the loop for ``steps`` steps; one record per step."""
+    """Run the loop for ``steps`` steps; one record per step. With ``journal``, a restart
+    on the same file goes on from the last committed step (see :func:`commit`)."""
     for name, param in model.named_parameters():
         param.requires_grad_(name == "model.embed_tokens.weight")
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
@@ -176,17 +230,24 @@ async def train(
     prompts = [f"Write some numbers, round {i}:" for i in range((steps + 4) * groups_per_step)]
     records: list[dict[str, float]] = []
     async with TextRollout.open(
-        urls, tokenizer=tokenizer, config=config, rewards={"even": EvenTokens()}
+        urls, tokenizer=tokenizer, config=config, rewards={"even": EvenTokens()}, journal=journal
     ) as rollout:
+        state = None if journal is None else await resume(rollout, model, optimizer, journal)
+        if state is not None:
+            prompts = state.pending + [
+                PromptGroup(p, metadata={"prompt_id": i})
+                for i, p in enumerate(prompts)
+                if str(i) not in state.given
+            ]
         # ---- the trainer's loop: the example's core --------------------------------------
-        version = 0
-        await rollout.update_weights(save(model, workdir / "v0"), version=version)
-        weights = {"0": model}  # each version in flight, and a model holding its weights
+        version = 0 if state is None else state.step or 0
+        await rollout.update_weights(save(model, workdir / f"v{version}"), version=version)
+        weights = {str(version): model}  # each version in flight, and a model with its weights
         batch: list[list[Sample]] = []
         lags: list[int] = []
         waited = time.monotonic()
         async with rollout.stream(prompts, max_ahead=groups_per_step) as groups:
-            async for group in groups:
+            async for group in HandedFirst(state, groups):
                 batch.append(group)
                 lags.append(group_lag(group, rollout.router.versions) or 0)
                 if len(batch) < groups_per_step:
@@ -203,6 +264,8 @@ async def train(
                 weights = {str(version): frozen, str(version + 1): model}
                 version += 1
                 folder = await anyio.to_thread.run_sync(save, model, workdir / f"v{version}")
+                if journal is not None:
+                    await commit(rollout, model, optimizer, journal, version, data)
                 t2 = time.monotonic()
                 report = await rollout.update_weights(folder, version=version)
                 # ---------------------------------------------------------------------------
@@ -288,6 +351,7 @@ async def main(args: argparse.Namespace) -> None:
                 tokens=args.tokens,
                 lr=args.lr,
                 workdir=Path(workdir),
+                journal=args.journal,
             )
     elapsed = time.monotonic() - started
     mismatch = [r["mismatch_max"] for r in records if not math.isnan(r["mismatch_max"])]
@@ -328,6 +392,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--png", help="write reward and version lag per step here")
+    parser.add_argument(
+        "--journal",
+        type=Path,
+        help="journal the run here (SQLite): run again on the same file after a crash and"
+        " it goes on from the last committed step, with the groups it had",
+    )
     return parser.parse_args(argv)
 
 
