@@ -1,10 +1,14 @@
 """Shared fixtures: the anyio backend, a guard that fails any test blocking the loop, the
-Qwen3 tokenizer, the SGLang captures."""
+Qwen3 tokenizer, the SGLang captures; and the ``slow`` mark, given to every test that
+starts processes or servers of its own (``python -m pytest -m "not slow"`` is the fast
+tier)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -165,3 +169,51 @@ def separate_tier(
         if len(keep) != len(items):
             config.hook.pytest_deselected(items=mine)
             items[:] = keep
+
+
+#: What starts processes (worker pools, child engines, clusters, CLIs, notebooks, real
+#: servers), as a test module's source names it: such a module's tests are ``slow``.
+SLOW_SOURCE = re.compile(
+    r"\b(subprocess|multiprocessing|ProcessPoolExecutor|open_process|ChildProcess"
+    r"|\w*ProcessGroup|\w*EngineProcess|StandInProcess|RewardPool|ParserPool|WorkerPool|DaskRewardPool"
+    r"|LocalCluster|parser_workers|reward_workers|fetch_in_parser|SGLangServer|SmgRouter"
+    r"|run_notebook|cli_generate|pytester)\b"
+    r"|\breward=[\"\w]"  # a rollout with a reward function starts a RewardPool
+)
+#: What a test function calls that starts processes, where its module's other tests do
+#: not: the CLI in a child (tests/cli/conftest.py's ``cli``), the README's snippets (they
+#: start reward pools).
+SLOW_CALLS = re.compile(r"\b(cli|pointed)\(")
+#: Fixtures (of the conftests) that start processes or pools of them.
+SLOW_FIXTURES = frozenset(
+    {"parser", "reward_pools", "cluster", "text_engine", "sglang_server", "sglang_url", "smg"}
+)
+#: Tiers that start real servers (deselected unless asked for by their mark).
+SLOW_TIERS = tuple(
+    Path(__file__).resolve().parent / tier for tier in ("conformance", "smg", "peer")
+)
+
+
+def _starts_processes(path: Path, cache: dict[Path, bool]) -> bool:
+    found = cache.get(path)
+    if found is None:
+        found = cache[path] = bool(SLOW_SOURCE.search(path.read_text()))
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that starts processes or servers: its module names what
+    starts them (:data:`SLOW_SOURCE`), it uses a fixture that does (:data:`SLOW_FIXTURES`),
+    or it belongs to a tier of real servers. ``-m "not slow"`` leaves them out."""
+    cache: dict[Path, bool] = {}
+    for item in items:
+        path = Path(str(item.path))
+        function = getattr(item, "function", None)
+        if (
+            _starts_processes(path, cache)
+            or (function is not None and SLOW_CALLS.search(inspect.getsource(function)))
+            or set(getattr(item, "fixturenames", ())) & SLOW_FIXTURES
+            or any(tier in path.parents for tier in SLOW_TIERS)
+        ):
+            item.add_marker(pytest.mark.slow)

@@ -18,17 +18,14 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextContext
+from tests.support.text_rules import TOOL_RULES
 
 from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
 
 TOOLS = ADD_TOOLS  # the stand-in scripts call this "add" tool
 
 RULES = (
-    TextRule(r"<tool_response>", "The sum is \\boxed{5}."),
-    TextRule(
-        r"add \d+ and \d+",
-        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
-    ),
+    *TOOL_RULES,
     TextRule(r"Think first", "<think>\nLet me add.\n</think>\n\nIt is 5."),
     TextRule(r"And now\?", "Still 5."),
     TextRule(r"Say hi", "Hi there."),

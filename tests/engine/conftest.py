@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from miles_lite.engine.config import EngineClientConfig, RetryPolicy
+from miles_lite.engine.http.client import EngineClient
 from tests.engine.engine_fakes import (
     RawEngine,
     RawHandler,
@@ -14,6 +16,14 @@ from tests.engine.engine_fakes import (
     listening_socket,
     start_engine,
 )
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[EngineClient]:
+    """An engine client that tries once and gives a call 2 s in all."""
+    config = EngineClientConfig(total_timeout_s=2.0, retry=RetryPolicy(max_attempts=1))
+    async with EngineClient(config) as engine_client:
+        yield engine_client
 
 
 @pytest.fixture

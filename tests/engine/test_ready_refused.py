@@ -4,13 +4,11 @@ given for engines still loading weights, probes a refusing engine again until it
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import anyio
 import pytest
 from aiohttp import web
 
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.config import RouterConfig
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineNotReadyError, EngineUnavailableError
@@ -21,13 +19,6 @@ pytestmark = pytest.mark.anyio
 
 #: Health rounds so far apart that only wait_ready probes during a test.
 CONFIG = RouterConfig(max_inflight_per_engine=4, health_interval_s=30.0, health_timeout_s=1.0)
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[EngineClient]:
-    config = EngineClientConfig(total_timeout_s=2.0, retry=RetryPolicy(max_attempts=1))
-    async with EngineClient(config) as engine_client:
-        yield engine_client
 
 
 async def test_a_refused_connection_ends_the_default_wait_after_one_probe(

@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConfig
+from miles_lite.engine.config import RouterConfig
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import (
@@ -58,13 +58,6 @@ async def engines() -> AsyncIterator[list[ScriptedEngine]]:
     finally:
         for runner in runners:
             await runner.cleanup()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[EngineClient]:
-    config = EngineClientConfig(total_timeout_s=2.0, retry=RetryPolicy(max_attempts=1))
-    async with EngineClient(config) as engine_client:
-        yield engine_client
 
 
 async def fail_lease(router: Router, error: Exception, key: str | None = None) -> str:

@@ -11,9 +11,9 @@ from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineUnavailableError
 from tests.engine.engine_fakes import Reply, ScriptedEngine
-from tests.engine.test_router import QUIET, client, engines, urls_of, wait_until
+from tests.engine.test_router import QUIET, engines, urls_of, wait_until
 
-__all__ = ["client", "engines"]  # fixtures shared with test_router
+__all__ = ["engines"]  # a fixture shared with test_router
 
 pytestmark = pytest.mark.anyio
 

@@ -20,14 +20,11 @@ from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.testing import TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextContext
 from miles_lite.types import Sample
+from tests.support.text_rules import TOOL_RULES
 
 #: What the scripted model answers: tool calls for arithmetic, a boxed answer otherwise.
 RULES = (
-    TextRule(r"<tool_response>", "The sum is \\boxed{5}."),
-    TextRule(
-        r"add \d+ and \d+",
-        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
-    ),
+    *TOOL_RULES,
     TextRule(r"slow tool", '<tool_call>\n{"name": "slow", "arguments": {}}\n</tool_call>'),
     TextRule(r"broken tool", "<tool_call>\n{not json}\n</tool_call>"),
     TextRule(
