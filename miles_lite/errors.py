@@ -130,7 +130,7 @@ def _rebuild(cls: type[MilesLiteError], message: str, state: dict[str, object]) 
 class ConfigError(MilesLiteError, ValueError):
     """Raised when a configuration value is invalid; the message names the field.
 
-    Usage: ``RolloutConfig(microgroup_size=0)`` raises ``ConfigError``.
+    Usage: ``DiffusionRolloutConfig(microgroup_size=0)`` raises ``ConfigError``.
     """
 
 

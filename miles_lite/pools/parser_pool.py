@@ -72,7 +72,9 @@ class ParserPoolConfig:
 class ParsedBody:
     """A decoded body: per-sample maps holding tensors, and when each step ended."""
 
-    items: list[Any]
+    #: One map per sample, in the body's order: the SGLang sample's fields by name, its
+    #: tensors viewing the arena (or the bytes that came back from the worker).
+    items: list[dict[str, Any]]
     wire_bytes: int
     spilled: bool = False
     #: Body and tensor bytes that crossed a worker's pipe (pickled): 0 on the arena path.

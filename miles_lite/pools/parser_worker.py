@@ -48,7 +48,7 @@ class ParseResult:
     readings (one clock for all processes on Linux); ``wire_bytes`` is the body size.
     """
 
-    items: list[Any]
+    items: list[dict[str, Any]]
     used_bytes: int
     allocation: Allocation | None = None
     #: The arena was full: the body was read into private memory and comes back pickled.

@@ -43,6 +43,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+from anyio.abc import TaskGroup
 
 from miles_lite.errors import GenerateError, MilesLiteError
 from miles_lite.rollout.context import RunContext
@@ -210,7 +211,7 @@ class _Run:
             metrics = self._metrics(elapsed, kind_metrics, windows)
         return self._result(self.context.rollout_id, metrics)
 
-    async def _schedule(self, tg: Any) -> None:
+    async def _schedule(self, tg: TaskGroup) -> None:
         while True:
             while (
                 self._startable()
@@ -260,7 +261,7 @@ class _Run:
         self.started += 1
         return self.started - 1
 
-    def _start(self, tg: Any) -> None:
+    def _start(self, tg: TaskGroup) -> None:
         index = self._next()
         group = self.groups[index]
         size = self.started_sizes[index] = len(group)
@@ -280,7 +281,7 @@ class _Run:
             self.spans.append(span)
             self._hand_out(tg, (index, u, unit, span))
 
-    def _hand_out(self, tg: Any, job: _Job) -> None:
+    def _hand_out(self, tg: TaskGroup, job: _Job) -> None:
         """Give ``job`` to an idle worker, or to a new one when none is idle."""
         if not self._wake_idle(job):
             tg.start_soon(self._work, job)
@@ -354,7 +355,7 @@ class _Run:
         self._send(_WAKE)
         return True
 
-    async def _stop(self, tg: Any) -> None:
+    async def _stop(self, tg: TaskGroup) -> None:
         """Early stop: nothing new is sent, in-flight work is aborted, the rest cancelled."""
         t0 = self.stop_start = time.monotonic()
         self.stopping.set()
