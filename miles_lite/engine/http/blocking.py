@@ -122,102 +122,20 @@ class BlockingClient:
         """
         split = urlsplit(request.url)
         key = (split.hostname or "127.0.0.1", split.port or 80)
-        timeouts = request.timeouts
-        attempt = Attempt(
-            "POST", request.url, request.path, request.request_id, timeouts, Progress()
-        )
-        total = timeouts.total_s or math.inf
-        deadline = time.monotonic() + total
-        cut = threading.Event()
-        conn: http.client.HTTPConnection | None = None
-
-        def bounded(wait: float | None) -> float | None:
-            # Each socket operation waits at most its own bound and never past the deadline
-            # of the whole exchange (an engine trickling bytes is cut off).
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _Cut
-            if wait is None:
-                return None if math.isinf(left) else left
-            return min(wait, left)
-
-        def cut_off() -> None:
-            # Per-read timeouts cannot bound headers trickled a byte at a time: at the
-            # deadline the socket is shut down, which ends any read in progress.
-            cut.set()
-            sock = conn.sock if conn is not None else None
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-        timer = threading.Timer(total, cut_off) if math.isfinite(total) else None
-        phase = "connect"
+        exchange = _Exchange(request)
         try:
             conn = self._connection(key)
-            if conn.sock is None:
-                conn.timeout = bounded(timeouts.connect_s)
-                conn.connect()
-            if timer is not None:
-                timer.daemon = True
-                timer.start()
-            phase = "send"
-            conn.sock.settimeout(bounded(timeouts.read_s))
-            conn.request(
-                "POST",
-                request.path,
-                body=request.body,
-                headers={"Content-Type": "application/json", "Accept": "application/msgpack"},
-            )
-            phase = "headers"
+            exchange.send(conn)
             resp = conn.getresponse()
-            if cut.is_set():
-                raise _Cut
+            exchange.check_cut()
             response_at = time.monotonic()
-            phase = "body"
+            exchange.phase = "body"
             content_type = (resp.getheader("Content-Type", "") or "").split(";")[0].strip()
-            ctx = {"url": request.url, "request_id": request.request_id}
-            if not 200 <= resp.status < 300:
-                excerpt = resp.read(EXCERPT_BYTES).decode("utf-8", "replace")
-                self._drop(key)
-                raise EngineStatusError(
-                    f"engine answered HTTP {resp.status} {resp.reason or ''} to POST"
-                    f" {request.path}: {excerpt!r}",
-                    status=resp.status,
-                    body_excerpt=excerpt,
-                    **ctx,
-                )
-            length_header = resp.getheader("Content-Length")
-            if length_header is None or not length_header.isdigit():
-                self._drop(key)
-                raise EngineProtocolError(
-                    f"answer to POST {request.path} has no Content-Length (got"
-                    f" {length_header!r}): fetch_in_parser reads bodies of known size",
-                    **ctx,
-                )
+            length = exchange.body_length(resp)
             if accept is not None:
                 accept(content_type)
-            length = int(length_header)
-            attempt.progress.expected = length
-            if length > request.max_body_bytes:
-                self._drop(key)
-                raise BodyTooLargeError(
-                    f"body of {length} bytes (Content-Length) is over max_body_bytes="
-                    f"{request.max_body_bytes}: refused unread",
-                    **ctx,
-                )
             view = allocate(length)
-            got = 0
-            while got < length:
-                conn.sock.settimeout(bounded(timeouts.read_s))
-                n = resp.readinto(view[got : got + min(length - got, request.chunk_bytes)])
-                if not n:
-                    break
-                got += n
-                attempt.progress.received = got
-            if got < length:
-                if cut.is_set():
-                    raise _Cut
-                raise engine_error(Failure.TRUNCATED, attempt, "the body ended early")
+            exchange.read_body(conn.sock, resp, view)
             read_at = time.monotonic()
             if conn.sock is None or _has_pending(conn.sock):
                 # Bytes past Content-Length (or a close): this connection's next answer
@@ -225,17 +143,17 @@ class BlockingClient:
                 self._drop(key)
         except _Cut as exc:
             self._drop(key)
-            raise engine_error(Failure.TOTAL_TIMEOUT, attempt, "deadline passed") from exc
+            raise engine_error(Failure.TOTAL_TIMEOUT, exchange.attempt, "deadline passed") from exc
         except (TimeoutError, http.client.HTTPException, OSError) as exc:
             self._drop(key)
-            failure = _classify(exc, phase, cut.is_set())
-            raise engine_error(failure, attempt, f"{type(exc).__name__}: {exc}") from exc
+            failure = _classify(exc, exchange.phase, exchange.cut.is_set())
+            detail = f"{type(exc).__name__}: {exc}"
+            raise engine_error(failure, exchange.attempt, detail) from exc
         except BaseException:
             self._drop(key)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            exchange.stop_timer()
         return BlockingResponse(resp.status, content_type, view, response_at, read_at)
 
     def _connection(self, key: tuple[str, int]) -> http.client.HTTPConnection:
@@ -253,6 +171,124 @@ class BlockingClient:
         conn = self._connections.pop(key, None)
         if conn is not None:
             conn.close()
+
+
+class _Exchange:
+    """One POST of :meth:`BlockingClient.post_into`, step by step: its bounds (each socket
+    operation waits at most its own timeout and never past the exchange's deadline), the
+    phase it is in (what a failure means), and a timer that cuts the socket at the
+    deadline."""
+
+    def __init__(self, request: BlockingRequest) -> None:
+        self.request = request
+        timeouts = request.timeouts
+        self.attempt = Attempt(
+            "POST", request.url, request.path, request.request_id, timeouts, Progress()
+        )
+        self.total = timeouts.total_s or math.inf
+        self.deadline = time.monotonic() + self.total
+        self.cut = threading.Event()
+        self.conn: http.client.HTTPConnection | None = None
+        self.phase = "connect"
+        self._timer: threading.Timer | None = None
+
+    def bounded(self, wait: float | None) -> float | None:
+        """``wait`` (None: no bound of its own) cut to what is left of the deadline
+        (an engine trickling bytes is cut off); raises _Cut past it."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _Cut
+        if wait is None:
+            return None if math.isinf(left) else left
+        return min(wait, left)
+
+    def check_cut(self) -> None:
+        """Raise _Cut if the timer shut the socket down."""
+        if self.cut.is_set():
+            raise _Cut
+
+    def _cut_off(self) -> None:
+        # Per-read timeouts cannot bound headers trickled a byte at a time: at the
+        # deadline the socket is shut down, which ends any read in progress.
+        self.cut.set()
+        sock = self.conn.sock if self.conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def send(self, conn: http.client.HTTPConnection) -> None:
+        """Connect ``conn`` (unless it is alive), start the deadline's timer, send."""
+        self.conn = conn
+        timeouts = self.request.timeouts
+        if conn.sock is None:
+            conn.timeout = self.bounded(timeouts.connect_s)
+            conn.connect()
+        if math.isfinite(self.total):
+            self._timer = threading.Timer(self.total, self._cut_off)
+            self._timer.daemon = True
+            self._timer.start()
+        self.phase = "send"
+        conn.sock.settimeout(self.bounded(timeouts.read_s))
+        conn.request(
+            "POST",
+            self.request.path,
+            body=self.request.body,
+            headers={"Content-Type": "application/json", "Accept": "application/msgpack"},
+        )
+        self.phase = "headers"
+
+    def body_length(self, resp: http.client.HTTPResponse) -> int:
+        """The body's length of a 2xx answer with a Content-Length within the request's
+        limit; the typed error otherwise (a non-2xx answer with an excerpt of its body)."""
+        request = self.request
+        ctx = {"url": request.url, "request_id": request.request_id}
+        if not 200 <= resp.status < 300:
+            excerpt = resp.read(EXCERPT_BYTES).decode("utf-8", "replace")
+            raise EngineStatusError(
+                f"engine answered HTTP {resp.status} {resp.reason or ''} to POST"
+                f" {request.path}: {excerpt!r}",
+                status=resp.status,
+                body_excerpt=excerpt,
+                **ctx,
+            )
+        length_header = resp.getheader("Content-Length")
+        if length_header is None or not length_header.isdigit():
+            raise EngineProtocolError(
+                f"answer to POST {request.path} has no Content-Length (got"
+                f" {length_header!r}): fetch_in_parser reads bodies of known size",
+                **ctx,
+            )
+        length = int(length_header)
+        self.attempt.progress.expected = length
+        if length > request.max_body_bytes:
+            raise BodyTooLargeError(
+                f"body of {length} bytes (Content-Length) is over max_body_bytes="
+                f"{request.max_body_bytes}: refused unread",
+                **ctx,
+            )
+        return length
+
+    def read_body(
+        self, sock: socket.socket, resp: http.client.HTTPResponse, view: memoryview
+    ) -> None:
+        """Fill ``view`` with the body, a chunk at a time, each read on ``sock`` bounded."""
+        length, chunk = len(view), self.request.chunk_bytes
+        read_s = self.request.timeouts.read_s
+        got = 0
+        while got < length:
+            sock.settimeout(self.bounded(read_s))
+            n = resp.readinto(view[got : got + min(length - got, chunk)])
+            if not n:
+                break
+            got += n
+            self.attempt.progress.received = got
+        if got < length:
+            self.check_cut()
+            raise engine_error(Failure.TRUNCATED, self.attempt, "the body ended early")
 
 
 def _classify(exc: BaseException, phase: str, cut: bool) -> Failure:
