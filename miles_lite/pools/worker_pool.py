@@ -14,15 +14,10 @@ watches the owner's pid from a thread, so a SIGKILLed driver leaves no worker be
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import multiprocessing
 import os
-import signal
-import sys
 import threading
-import time
-import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -40,6 +35,7 @@ from miles_lite.errors import (
     WorkerTaskError,
     WorkerTimeoutError,
 )
+from miles_lite.pools.worker_process import init_worker, main_module_hidden, ping, portable
 
 __all__ = [
     "ExecutorFactory",
@@ -124,129 +120,6 @@ class PoolWindows:
         """A worker died."""
         for window in self._open:
             window.crashes += 1
-
-
-#: Seconds between two checks that the pool's owner still lives.
-OWNER_POLL_S = 0.5
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(owner_pid: int) -> None:
-    """Make this worker die with the process that owns its pool.
-
-    The parent-death signal covers a worker whose parent is the owner (spawn) or the
-    fork server (which exits when the owner does); the watchdog thread covers the rest
-    (a fork server kept alive by something else). A worker that outlives its owner holds
-    the arena and the owner's stdout, so ``$(python job.py)`` would never return.
-    """
-    if not sys.platform.startswith("linux") or owner_pid == os.getpid():
-        return  # a thread executor runs in the owner itself
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # the watchdog still covers it
-
-    def watch() -> None:
-        while True:
-            time.sleep(OWNER_POLL_S)
-            if not _alive(owner_pid):
-                os._exit(1)
-
-    threading.Thread(target=watch, name="miles-lite-owner-watch", daemon=True).start()
-    if not _alive(owner_pid):
-        os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    # A killed owner not yet reaped by its parent is a zombie: dead for our purpose.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:
-        return True
-
-
-def _init_worker(
-    user_init: Callable[..., None] | None,
-    nice: int,
-    owner_pid: int,
-    index: int,
-    *args: Any,
-) -> None:
-    if owner_pid == os.getpid():
-        # An in-process executor (threads): the settings below would change the owner.
-        if user_init is not None:
-            user_init(index, *args)
-        return
-    _die_with(owner_pid)
-    # The owner decides when workers stop (aclose, or dying with it). An interrupt reaches
-    # the whole process group (Ctrl-C; a notebook's interrupt signals the kernel's group):
-    # an idle worker would die of it and leave a broken pool behind for the next cell.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # The event loop is latency-bound, workers throughput-bound: under contention for the
-    # cores, the loop's process is scheduled first.
-    if nice:
-        os.nice(nice)
-    # One thread per worker: N workers on N cores, and no OpenMP pool to hang in.
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["MKL_NUM_THREADS"] = "1"
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
-    if user_init is not None:
-        user_init(index, *args)
-
-
-@contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start worker processes without re-running the user's ``__main__`` in them.
-
-    spawn and forkserver re-import the parent's main script in every worker (and in the
-    fork server): a script without an ``if __name__ == "__main__"`` guard would start a
-    rollout in each worker, and one that imports torch makes every worker pay 1 s.
-    Workers never need it: functions from ``__main__`` travel by value (cloudpickle).
-    """
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
-def _ping() -> int:
-    return os.getpid()
-
-
-@functools.lru_cache(maxsize=64)
-def _load_by_value(blob: bytes) -> Callable[..., Any]:
-    import cloudpickle
-
-    fn: Callable[..., Any] = cloudpickle.loads(blob)
-    return fn
-
-
-def _call_by_value(blob: bytes, *args: Any) -> Any:
-    return _load_by_value(blob)(*args)
-
-
-def _portable(fn: Callable[..., T]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """``fn`` itself if a worker can import it, else ``fn`` pickled by value.
-
-    Functions from ``__main__`` (scripts, notebook cells), lambdas and closures cannot be
-    imported by a worker; cloudpickle sends their code instead.
-    """
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    module = getattr(target, "__module__", None)
-    qualname = getattr(target, "__qualname__", "")
-    if module == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
-        import cloudpickle
-
-        return _call_by_value, (cloudpickle.dumps(fn),)
-    return fn, ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,14 +212,14 @@ class WorkerPool(AsyncResource):
         chosen = [
             self._executors[i] for i in (indices if indices is not None else range(self.workers))
         ]
-        with _main_module_hidden():
-            futures = [ex.submit(_ping) for ex in chosen]
+        with main_module_hidden():
+            futures = [ex.submit(ping) for ex in chosen]
         for f in futures:
             f.result()
 
     def _make(self, index: int) -> Executor:
         return self._factory(
-            functools.partial(_init_worker, self._initializer, self._nice, os.getpid(), index),
+            functools.partial(init_worker, self._initializer, self._nice, os.getpid(), index),
             self._initargs_for(index),
         )
 
@@ -397,24 +270,14 @@ class WorkerPool(AsyncResource):
         self._check_open()
         name = getattr(fn, "__name__", repr(fn))
         if index in self._cold:
-            # A replacement after a crash: start it off the loop before using it.
-            self._cold.discard(index)
-            executor = self._executors[index]
-            try:
-                await anyio.to_thread.run_sync(self._wait_started, [index])
-            except BrokenProcessPool as exc:
-                self._replace(index, executor)
-                raise WorkerCrashedError(
-                    f"the replacement of worker {index} of pool {self.name!r} died while "
-                    f"starting (before running {name!r}); it was replaced again"
-                ) from exc
+            await self._warm(index, name)
         executor = self._executors[index]
         depth = self._in_flight[index]
         self._windows.dispatched(depth)
         generation = self._generation[index]
         with self._count_lock:
             self._in_flight[index] += 1
-        call, extra = _portable(fn)
+        call, extra = portable(fn)
         future: Future[T] | None = None
         try:
             try:
@@ -428,14 +291,7 @@ class WorkerPool(AsyncResource):
                         f"{name!r} raised TimeoutError: {exc} (pool {self.name!r}, worker {index})",
                         remote_traceback=str(exc.__cause__ or ""),
                     ) from exc
-                # Kill before replacing: shutdown forgets the executor's processes.
-                processes = list((getattr(executor, "_processes", None) or {}).values())
-                for proc in processes:
-                    proc.kill()
-                self._replace(index, executor)
-                self._retired.append(executor)
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(_join_all, processes)
+                await self._kill(index, executor)
                 raise WorkerTimeoutError(
                     f"{name!r} ran past its timeout of {timeout_s} s in worker {index} of "
                     f"pool {self.name!r}; the worker was killed and replaced"
@@ -463,6 +319,32 @@ class WorkerPool(AsyncResource):
                 future.add_done_callback(
                     functools.partial(self._late_end, index, generation, after_cancel)
                 )
+
+    async def _warm(self, index: int, name: str) -> None:
+        """Start the replacement of a crashed worker off the loop before it is used;
+        WorkerCrashedError if it dies while starting (it is replaced again)."""
+        self._cold.discard(index)
+        executor = self._executors[index]
+        try:
+            await anyio.to_thread.run_sync(self._wait_started, [index])
+        except BrokenProcessPool as exc:
+            self._replace(index, executor)
+            raise WorkerCrashedError(
+                f"the replacement of worker {index} of pool {self.name!r} died while "
+                f"starting (before running {name!r}); it was replaced again"
+            ) from exc
+
+    async def _kill(self, index: int, executor: Executor) -> None:
+        """Kill worker ``index`` (a call ran past its timeout), replace it and wait for
+        its processes to end (shielded)."""
+        # Kill before replacing: shutdown forgets the executor's processes.
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        for proc in processes:
+            proc.kill()
+        self._replace(index, executor)
+        self._retired.append(executor)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_join_all, processes)
 
     def _call_ended(self, index: int, generation: int) -> None:
         with self._count_lock:
