@@ -2,8 +2,9 @@
 
 - The sampling keys the text stand-in accepts are SGLang 0.5.23's, as the real server
   lists them in its 400 (``tests/data/sglang_captures/gen_bad_sampling_key.txt``).
-- ``miles_lite/testing`` imports nothing from the library but ``serve_app`` (and
-  ``miles_lite._core.json``): no error classes, no sampling lists, no codecs.
+- ``miles_lite/testing`` imports nothing from the library but ``serve_app``,
+  ``miles_lite._core.json`` and the lifecycle base (``AsyncResource``): no error
+  classes of the wire, no sampling lists, no codecs.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import miles_lite.testing
 from miles_lite.testing import SAMPLING_KEYS
 
 PACKAGE = Path(miles_lite.testing.__file__).resolve().parent
-#: What the stand-ins may import from the library outside their own package.
-ALLOWED = {"miles_lite._core.serve", "miles_lite._core.json"}
+#: What the stand-ins may import from the library outside their own package: serving,
+#: JSON, and the one lifecycle (new -> open -> closed) every resource owner shares.
+ALLOWED = {"miles_lite._core.serve", "miles_lite._core.json", "miles_lite._core.resources"}
 
 
 def test_sampling_keys_are_those_the_real_server_lists(captures: Path) -> None:

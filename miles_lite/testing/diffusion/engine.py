@@ -34,11 +34,11 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from types import TracebackType
 
 import anyio
 from aiohttp import web
 
+from miles_lite._core.resources import AsyncResource, ResourceState
 from miles_lite._core.serve import serve_app
 from miles_lite.testing.diffusion.config import StandInConfig
 from miles_lite.testing.diffusion.faults import Faults
@@ -53,7 +53,7 @@ __all__ = ["StandInEngine"]
 _SHUTDOWN_TIMEOUT_S = 1.0
 
 
-class StandInEngine:
+class StandInEngine(AsyncResource):
     """A stand-in SGLang diffusion server on loopback (see the module docstring).
 
     Usage::
@@ -67,16 +67,19 @@ class StandInEngine:
     :meth:`statistics` is a frozen snapshot). Must run on asyncio (aiohttp).
     ``aclose()`` answers requests still waiting or generating with a 503, waits up to 1 s
     for answers being written, and is idempotent; a closed engine cannot be started again
-    (:class:`~miles_lite.testing.StandInError`).
+    (:meth:`start` raises :class:`~miles_lite.testing.StandInError`; the lifecycle is
+    the library's one, :class:`~miles_lite._core.resources.AsyncResource`).
     """
 
+    _resource_name = "StandInEngine"
+
     def __init__(self, config: StandInConfig | None = None) -> None:
+        super().__init__()
         self.config = config if config is not None else StandInConfig()
         self.faults = Faults()
         self.stats = EngineStats(requests=deque(maxlen=self.config.request_log_limit))
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
-        self._closed = False
         self._ready_at = 0.0
         self._created = int(time.time())
         self._stats_changed: anyio.Event | None = None
@@ -92,12 +95,16 @@ class StandInEngine:
         return self._url
 
     async def start(self) -> None:
-        """Bind and serve. Raises :class:`~miles_lite.testing.StandInError` after
-        ``aclose()`` or if already started, OSError if the port is taken."""
-        if self._closed:
+        """Bind and serve (as ``async with`` does). Raises
+        :class:`~miles_lite.testing.StandInError` after ``aclose()`` or if already
+        started, OSError if the port is taken."""
+        if self.state is ResourceState.CLOSED:
             raise StandInError("this StandInEngine was closed; create a new one")
-        if self._runner is not None:
+        if self.state is ResourceState.OPEN:
             raise StandInError("StandInEngine.start() called twice")
+        await self.__aenter__()
+
+    async def _open(self) -> None:
         self._rollout.start()
         self._stats_changed = anyio.Event()
         self._runner, self._url = await serve_app(
@@ -108,28 +115,13 @@ class StandInEngine:
         )
         self._ready_at = anyio.current_time() + self.config.warmup_s
 
-    async def aclose(self) -> None:
-        """Stop serving (see the class docstring); shielded and bounded, idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+    async def _close(self) -> None:
+        """Stop serving (see the class docstring); shielded and bounded."""
         self._rollout.cancel_all()
         runner, self._runner = self._runner, None
         if runner is not None:
             with anyio.move_on_after(_SHUTDOWN_TIMEOUT_S + 5.0, shield=True):
                 await runner.cleanup()
-
-    async def __aenter__(self) -> StandInEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
         """Abort requests waiting or generating whose rid starts with ``rid`` (or all).

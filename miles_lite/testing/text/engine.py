@@ -33,12 +33,11 @@ What it generates comes from a seeded scripted policy over the real Qwen3 tokeni
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
-from miles_lite.testing.errors import StandInError
+from miles_lite._core.resources import AsyncResource
 from miles_lite.testing.text.chat import ChatEndpoint
 from miles_lite.testing.text.config import TextStandInConfig
 from miles_lite.testing.text.control import ControlEndpoints
@@ -53,7 +52,7 @@ from miles_lite.testing.text.templates import TemplateCache
 __all__ = ["TextStandInEngine"]
 
 
-class TextStandInEngine:
+class TextStandInEngine(AsyncResource):
     """The stand-in text engine (see the module docstring); an async context manager.
 
     Usage::
@@ -63,28 +62,31 @@ class TextStandInEngine:
 
     ``tokenizer`` None loads the Qwen3 tokenizer on start. ``stats`` is live (read it at
     any time); :meth:`statistics` is a frozen snapshot. Closing it ends requests still
-    generating (as aborted); a closed engine cannot be started again
-    (:class:`~miles_lite.testing.StandInError`).
+    generating (as aborted); a closed engine cannot be started again (the lifecycle is
+    the library's one, :class:`~miles_lite._core.resources.AsyncResource`: ``async with``
+    a closed engine raises its ClosedResourceError).
 
-    It is a composition of its parts: an :class:`~.state.EngineState` (config,
+    It is a composition of its parts: ``engine_state``, an :class:`~.state.EngineState` (config,
     tokenizer, weights, statistics), a :class:`~.scheduler.Scheduler`, the endpoints of
     :mod:`.generate`, :mod:`.chat` and :mod:`.control`, served by :mod:`.server`.
     """
 
+    _resource_name = "TextStandInEngine"
+
     def __init__(self, config: TextStandInConfig | None = None, tokenizer: Any = None) -> None:
+        super().__init__()
         self.config = config if config is not None else TextStandInConfig()
-        self.state = EngineState(self.config, tokenizer)
+        self.engine_state = EngineState(self.config, tokenizer)
         self.scheduler = Scheduler(
-            self.config.max_running, self.config.token_latency_s, self.state.stats
+            self.config.max_running, self.config.token_latency_s, self.engine_state.stats
         )
-        self._generate = GenerateEndpoint(self.state, self.scheduler)
+        self._generate = GenerateEndpoint(self.engine_state, self.scheduler)
         self._chat = ChatEndpoint(self._generate)
         self._control = ControlEndpoints(
-            self.state, self.scheduler, url=lambda: self.url, statistics=self.statistics
+            self.engine_state, self.scheduler, url=lambda: self.url, statistics=self.statistics
         )
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
-        self._closed = False
 
     @property
     def url(self) -> str:
@@ -96,31 +98,31 @@ class TextStandInEngine:
     @property
     def stats(self) -> TextEngineStats:
         """The live counters (:class:`~miles_lite.testing.TextEngineStats`)."""
-        return self.state.stats
+        return self.engine_state.stats
 
     @property
     def tokenizer(self) -> Any:
         """The tokenizer it answers with (None before start when none was given)."""
-        return self.state.tokenizer
+        return self.engine_state.tokenizer
 
     @property
     def templates(self) -> TemplateCache:
         """The chat-template renders it keeps."""
-        return self.state.templates
+        return self.engine_state.templates
 
     @property
     def model(self) -> TinyModel | None:
         """The tiny model once started with a :class:`~miles_lite.testing.TinyModelPolicy`."""
-        return self.state.model
+        return self.engine_state.model
 
     @property
     def weight_version(self) -> str:
         """The weight version answers report now (the update endpoints change it)."""
-        return self.state.weight_version
+        return self.engine_state.weight_version
 
     @weight_version.setter
     def weight_version(self, version: str) -> None:
-        self.state.weight_version = self.state.info_version = version
+        self.engine_state.weight_version = self.engine_state.info_version = version
 
     @property
     def paused(self) -> bool:
@@ -129,34 +131,20 @@ class TextStandInEngine:
 
     def statistics(self) -> TextEngineStatistics:
         """A frozen snapshot of :attr:`stats`."""
-        return self.state.stats.snapshot(
-            template_cache_hits=self.state.templates.hits,
-            weight_version=self.state.weight_version,
+        return self.engine_state.stats.snapshot(
+            template_cache_hits=self.engine_state.templates.hits,
+            weight_version=self.engine_state.weight_version,
             paused=self.paused,
         )
 
-    async def __aenter__(self) -> TextStandInEngine:
-        if self._closed:
-            raise StandInError("this TextStandInEngine was closed; create a new one")
-        await self.state.load()
+    async def _open(self) -> None:
+        await self.engine_state.load()
         self.scheduler.start()
         app = make_app(self._generate, self._chat, self._control)
         self._runner, self._url = await start_app(app, self.config.host, self.config.port)
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Stop serving: requests still generating end as aborted. Idempotent, bounded."""
-        if self._closed:
-            return
-        self._closed = True
+    async def _close(self) -> None:
+        """Stop serving: requests still generating end as aborted. Bounded."""
         self.scheduler.close()
         runner, self._runner = self._runner, None
         if runner is not None:
@@ -168,4 +156,4 @@ class TextStandInEngine:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
         """Text of ``ids`` as the tokenizer gives it (:func:`~miles_lite.testing.tokenizers.fast_decode`)."""
-        return self.state.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.engine_state.decode(ids, skip_special_tokens=skip_special_tokens)
