@@ -194,7 +194,8 @@ SLOW_TIERS = tuple(
 )
 
 
-def _starts_processes(path: Path, cache: dict[Path, bool]) -> bool:
+def starts_processes(path: Path, cache: dict[Path, bool]) -> bool:
+    """Whether the test module at ``path`` names what starts processes (cached)."""
     found = cache.get(path)
     if found is None:
         found = cache[path] = bool(SLOW_SOURCE.search(path.read_text()))
@@ -211,7 +212,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.path))
         function = getattr(item, "function", None)
         if (
-            _starts_processes(path, cache)
+            starts_processes(path, cache)
             or (function is not None and SLOW_CALLS.search(inspect.getsource(function)))
             or set(getattr(item, "fixturenames", ())) & SLOW_FIXTURES
             or any(tier in path.parents for tier in SLOW_TIERS)
