@@ -41,8 +41,10 @@ class EngineState:
     ``consecutive_failures``: failures since the last success; ``leases``: leases given;
     ``failures``: failures recorded (leases and probes); ``removals`` / ``readmissions``:
     times it left / rejoined for its health; ``awaiting_version``: the weight version it
-    must report before it serves again (it missed that update), else None. It is in
-    rotation when healthy and awaiting nothing.
+    must report before it serves again (it missed that update), else None; ``checking``:
+    it came back (or joined) and its stale requests and version are checked before it
+    serves; ``draining``: it is being removed (no new lease). It is in rotation when
+    healthy, awaiting nothing, checked and not draining.
     """
 
     url: str
@@ -54,6 +56,8 @@ class EngineState:
     removals: int
     readmissions: int
     awaiting_version: str | None = None
+    checking: bool = False
+    draining: bool = False
 
 
 class EngineSlot:
@@ -61,6 +65,8 @@ class EngineSlot:
 
     __slots__ = (
         "awaiting_version",
+        "checking",
+        "draining",
         "failures",
         "healthy",
         "in_flight",
@@ -70,6 +76,7 @@ class EngineSlot:
         "removals",
         "removed_at",
         "request_failures",
+        "stale_rids",
         "url",
     )
 
@@ -86,11 +93,22 @@ class EngineSlot:
         self.removals = 0
         self.readmissions = 0
         self.awaiting_version: str | None = None
+        #: Set when it leaves for its health (or joins): cleared by the fleet once its
+        #: stale rids were aborted and its version checked.
+        self.checking = False
+        self.draining = False
+        #: Rids whose abort it did not take (it was hung): aborted again when it answers.
+        self.stale_rids: set[str] = set()
 
     @property
     def serving(self) -> bool:
-        """In rotation: healthy, and not waiting to report a weight version."""
-        return self.healthy and self.awaiting_version is None
+        """In rotation: healthy, checked, not draining and not awaiting a weight version."""
+        return (
+            self.healthy
+            and self.awaiting_version is None
+            and not self.checking
+            and not self.draining
+        )
 
     @property
     def consecutive_failures(self) -> int:
@@ -109,6 +127,8 @@ class EngineSlot:
             removals=self.removals,
             readmissions=self.readmissions,
             awaiting_version=self.awaiting_version,
+            checking=self.checking,
+            draining=self.draining,
         )
 
 
@@ -144,6 +164,9 @@ class Balancer:
         self.closed = False
         #: While set, no lease is given (a weight update runs); leases wait for it.
         self.held = False
+        #: Whether an engine that left for its health is checked on its return (the
+        #: fleet does it; not for SGLang's router, whose engines are its own).
+        self.check_returns = True
 
     @property
     def healthy_urls(self) -> tuple[str, ...]:
@@ -158,6 +181,35 @@ class Balancer:
     def forget(self, key: str) -> None:
         """Drop the engine remembered for sticky ``key``."""
         self._sticky.pop(key, None)
+
+    def add(self, url: str) -> EngineSlot:
+        """A new engine, out of rotation until a probe passes and the fleet checked it
+        (``checking``). ``ConfigError`` for a bad or known URL."""
+        check_engine_url(url)
+        if url in self.by_url:
+            raise ConfigError(f"engine {url!r} is already one of {list(self.urls)}")
+        engine = EngineSlot(url)
+        engine.healthy = False
+        engine.checking = True
+        engine.removed_at = -float("inf")  # no cool-down for a joiner
+        self.engines.append(engine)
+        self.by_url[url] = engine
+        self.urls = (*self.urls, url)
+        return engine
+
+    def drop(self, engine: EngineSlot) -> None:
+        """Forget ``engine`` (its leases have ended): no slot, no sticky key, no URL."""
+        self.engines.remove(engine)
+        del self.by_url[engine.url]
+        self.urls = tuple(e.url for e in self.engines)
+        for key in [k for k, e in self._sticky.items() if e is engine]:
+            del self._sticky[key]
+        self._next = 0
+        self.wake_all()
+
+    async def changed(self) -> None:
+        """Wait until a lease ends or an engine joins or leaves the rotation."""
+        await self._event().wait()
 
     def take(self, key: str | None, exclude: Collection[str]) -> EngineSlot | None:
         """A slot now, counted in flight, when one is free and no weight update holds the
@@ -285,6 +337,8 @@ class Balancer:
         engine.failures += 1
         if engine.healthy and engine.consecutive_failures >= self.config.failure_threshold:
             engine.healthy = False
+            # On its return: stale rids aborted, version checked (engine/fleet.py).
+            engine.checking = self.check_returns
             engine.removals += 1
             engine.removed_at = anyio.current_time()
             # Leases waiting for a slot may now have no healthy engine at all: from then on

@@ -8,9 +8,11 @@ comes back by itself). A passing probe does not clear request failures: an engin
 ``/health`` answers while its generations time out still leaves the rotation, and is let
 back only after the cool-down, so it cannot flap in and out every probe round.
 
-An engine that missed a weight update (it awaits a version) is also asked its
-``/model_info`` each round, once its ``/health`` passes: it rejoins the rotation when it
-reports the version (its weights were updated after all, or again).
+An engine out of rotation for its weights (it awaits a version) or for its return (it
+left for its health, or just joined) is handed to the fleet
+(:meth:`Fleet.check <miles_lite.engine.fleet.Fleet.check>`) once its ``/health`` passes:
+its stale aborts are sent again, its ``/model_info`` is read, and it rejoins the rotation
+only at the current weight version (the fleet catches it up otherwise).
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from typing import TYPE_CHECKING
 import anyio
 
 from miles_lite.engine.balancer import Balancer, EngineSlot
-from miles_lite.errors import EngineError
-from miles_lite.sglang.control import MODEL_INFO_PATH, model_info_version
 
 if TYPE_CHECKING:
+    from miles_lite.engine.fleet import Fleet
     from miles_lite.engine.http.client import EngineClient
 
 __all__ = ["HealthMonitor"]
@@ -32,9 +33,10 @@ __all__ = ["HealthMonitor"]
 class HealthMonitor:
     """Probes every engine of ``balancer`` each ``health_interval_s`` (see the module doc)."""
 
-    def __init__(self, balancer: Balancer, client: EngineClient) -> None:
+    def __init__(self, balancer: Balancer, client: EngineClient, fleet: Fleet) -> None:
         self._balancer = balancer
         self._client = client
+        self._fleet = fleet
         self.rounds = 0
 
     async def run(self) -> None:
@@ -53,21 +55,5 @@ class HealthMonitor:
         with anyio.move_on_after(timeout_s):
             ok = await self._client.health(engine.url, timeout_s=timeout_s)
         self._balancer.record_probe(engine, ok)
-        if ok and engine.awaiting_version is not None:
-            await self.probe_version(engine)
-
-    async def probe_version(self, engine: EngineSlot) -> str | None:
-        """Ask ``engine`` its weight version (``/model_info``, one bounded attempt) and
-        tell the balancer; the version, or None when it did not say."""
-        timeout_s = self._balancer.config.health_timeout_s
-        version = None
-        with anyio.move_on_after(timeout_s):
-            try:
-                info = await self._client.get_json(
-                    engine.url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False
-                )
-            except EngineError:
-                info = None
-            version = model_info_version(info)
-        self._balancer.record_version(engine, version)
-        return version
+        if ok and engine.healthy and (engine.awaiting_version is not None or engine.checking):
+            await self._fleet.check(engine)

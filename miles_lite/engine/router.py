@@ -15,7 +15,7 @@ import random
 import urllib.parse
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,6 +25,8 @@ from miles_lite._core.resources import AsyncResource
 from miles_lite.engine.balancer import Balancer, EngineSlot, EngineState
 from miles_lite.engine.config import RetryPolicy, RouterConfig
 from miles_lite.engine.control import abort_request
+from miles_lite.engine.fleet import Fleet, FleetStatistics
+from miles_lite.engine.fleet_control import FleetControl
 from miles_lite.engine.health import HealthMonitor
 from miles_lite.engine.http._routing import sticky
 from miles_lite.engine.smg import SmgFront, SmgWorker
@@ -50,7 +52,8 @@ class RouterStatistics:
     that gave up with ``EngineUnavailableError``; ``health_rounds``: probe rounds run.
     Through SGLang's router, ``engines`` holds the one front and ``workers`` the engines
     it listed last (``()`` otherwise); ``worker_refresh_failures`` counts failed reads of
-    that list.
+    that list. ``fleet``: the joins, removals, fences, catch-ups and returns
+    (:class:`~miles_lite.engine.fleet.FleetStatistics`).
     """
 
     engines: tuple[EngineState, ...]
@@ -59,9 +62,10 @@ class RouterStatistics:
     health_rounds: int
     workers: tuple[SmgWorker, ...] = ()
     worker_refresh_failures: int = 0
+    fleet: FleetStatistics = field(default_factory=FleetStatistics)
 
 
-class Router(AsyncResource):
+class Router(AsyncResource, FleetControl):
     """Spreads requests over engines: least in flight, sticky keys, health checks.
 
     An async resource: entering starts the health loop in the router's own task group,
@@ -92,12 +96,15 @@ class Router(AsyncResource):
         self._balancer = Balancer(urls, config)
         self._client = client
         self._config = config
-        self._health = HealthMonitor(self._balancer, client)
-        self._random = random.Random()
-        self._stack: AsyncExitStack | None = None
         #: The weight versions the engines were updated to (see
         #: :class:`~miles_lite.engine.versions.WeightVersions`).
         self.versions = WeightVersions()
+        self._fleet = Fleet(self._balancer, client, self.versions)
+        self._health = HealthMonitor(self._balancer, client, self._fleet)
+        self._random = random.Random()
+        self._stack: AsyncExitStack | None = None
+        if self._front is not None:
+            self._balancer.check_returns = False  # smg's engines are smg's to check
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -146,7 +153,11 @@ class Router(AsyncResource):
         ``timeout_s`` and shielded from cancellation. Whether an engine took it."""
         engines = self.engines_behind(url)
         if len(engines) == 1:
-            return await abort_request(self._client, engines[0], rid, timeout_s=timeout_s)
+            took = await abort_request(self._client, engines[0], rid, timeout_s=timeout_s)
+            slot = self._balancer.by_url.get(engines[0])
+            if not took and slot is not None and self._front is None:
+                self._fleet.owe_abort(slot, rid)  # sent again when it answers
+            return took
         taken: list[bool] = []
 
         async def one(engine: str) -> None:
@@ -189,6 +200,7 @@ class Router(AsyncResource):
             health_rounds=self._health.rounds,
             workers=front.workers if front is not None else (),
             worker_refresh_failures=front.refresh_failures if front is not None else 0,
+            fleet=self._fleet.statistics(),
         )
 
     async def wait_ready(self, timeout_s: float | None = None) -> tuple[str, ...]:
@@ -257,61 +269,6 @@ class Router(AsyncResource):
             yield
         finally:
             self._balancer.hold(False)
-
-    def reported_version(self, url: str, version: str | None) -> bool:
-        """The engine at ``url`` reports weight ``version``: it serves again if that is the
-        current version (:attr:`versions`); otherwise it awaits the current one. Returns
-        whether it is clear of the version gate. ``KeyError`` for an unknown URL.
-
-        Through SGLang's router, an engine behind it cannot leave the rotation (which
-        engine serves is smg's choice): one that did not take the update is logged and
-        reported (``update_weights`` raises naming it); take it out of smg yourself."""
-        current = self.versions.current
-        if self._behind_front(url):
-            if current is not None and version != current:
-                _log.warning(
-                    "engine %s behind SGLang's router reports weight version %r, not %r:"
-                    " smg keeps routing to it (remove it from smg or update it again)",
-                    url,
-                    version,
-                    current,
-                )
-                return False
-            return True
-        engine = self._engine(url)
-        if current is None or version == current:
-            self._balancer.clear_version(engine)
-            return True
-        self._balancer.await_version(engine, current)
-        return False
-
-    def await_version(self, url: str, version: str) -> None:
-        """Take the engine at ``url`` out of rotation until it reports weight ``version``
-        (it missed that update): each health round then asks its ``/model_info``, and
-        :meth:`check_versions` does at once. ``KeyError`` for an unknown URL; behind
-        SGLang's router, see :meth:`reported_version`."""
-        if self._behind_front(url):
-            self.reported_version(url, None)
-            return
-        self._balancer.await_version(self._engine(url), version)
-
-    def _behind_front(self, url: str) -> bool:
-        return self._front is not None and url in self._front.engine_urls
-
-    async def check_versions(self) -> dict[str, str | None]:
-        """Ask every engine that awaits a weight version for its version now (one bounded
-        ``/model_info`` each, concurrently); those reporting the awaited one rejoin the
-        rotation. Returns what each reported (None: no answer, or no version)."""
-        waiting = [e for e in self._balancer.engines if e.awaiting_version is not None]
-        found: dict[str, str | None] = {}
-
-        async def ask(engine: EngineSlot) -> None:
-            found[engine.url] = await self._health.probe_version(engine)
-
-        async with anyio.create_task_group() as tg:
-            for engine in waiting:
-                tg.start_soon(ask, engine)
-        return found
 
     def _engine(self, url: str) -> EngineSlot:
         try:
@@ -463,6 +420,7 @@ class Router(AsyncResource):
         stack = AsyncExitStack()
         task_group = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
+        self._fleet.start(task_group)
         name = f"router health loop {self._describe()}"
         if front is not None:
             task_group.start_soon(front.run, self._front_round, name=name)

@@ -47,6 +47,11 @@ class WeightVersions:
         #: The version the engines reported before the first update (learned by it).
         self.base: str | None = None
 
+    def learn_base(self, seen: Sequence[str]) -> None:
+        """The engines' own version before the first update: the one most of ``seen``
+        (what they reported) name; None when none did."""
+        self.base = max(set(seen), key=list(seen).count) if seen else None
+
     @property
     def current(self) -> str | None:
         """The version the engines were last updated to; None before any update."""

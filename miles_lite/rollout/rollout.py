@@ -261,6 +261,18 @@ class Rollout:
             check=check,
         )
 
+    async def add_engine(self, url: str) -> bool:
+        """Add the engine at ``url`` while runs go on: probed, brought to the current
+        weights and only then sent work (:meth:`Router.add_engine
+        <miles_lite.engine.router.Router.add_engine>`). Whether it serves now."""
+        return await self.router.add_engine(url)
+
+    async def remove_engine(self, url: str, *, drain: bool = True) -> None:
+        """Remove the engine at ``url``: no new work; with ``drain`` its requests finish,
+        else they are aborted and come back as partial samples; then it is forgotten
+        (:meth:`Router.remove_engine <miles_lite.engine.router.Router.remove_engine>`)."""
+        await self.router.remove_engine(url, drain=drain)
+
     def _bound_staleness(self, result: RolloutResult) -> RolloutResult:
         """Refuse the kept groups lagging more than ``max_staleness`` (see :meth:`run`)."""
         limit = self.config.max_staleness

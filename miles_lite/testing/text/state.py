@@ -76,7 +76,7 @@ class EngineState:
 
     def log_request(self, body: Any) -> None:
         """Keep a request body in the statistics (up to ``request_log_limit``)."""
-        self.stats.log_request(body, self.config.request_log_limit)
+        self.stats.log_request(body, self.config.request_log_limit, self.info_version)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool) -> str:
         """Text of ``ids`` as the tokenizer gives it (:func:`fast_decode`)."""

@@ -19,6 +19,7 @@ class TextEngineStats:
     """Counters of one :class:`~miles_lite.testing.TextStandInEngine`, updated as it runs.
 
     ``requests``: the JSON bodies of ``/generate`` received (oldest first, bounded);
+    ``request_versions``: the weight version ``/model_info`` reported when each arrived;
     ``rids_seen``: the rids generated for (both logs keep the first
     ``request_log_limit``); ``aborts``: ``/abort_request`` bodies;
     ``running`` / ``waiting``: generating now / waiting for a slot; ``max_running_seen``:
@@ -29,6 +30,7 @@ class TextEngineStats:
     """
 
     requests: list[Any] = field(default_factory=list)
+    request_versions: list[str] = field(default_factory=list)
     rids_seen: list[str] = field(default_factory=list)
     aborts: list[Any] = field(default_factory=list)
     running: int = 0
@@ -41,10 +43,12 @@ class TextEngineStats:
     flushes: int = 0
     flush_refusals: int = 0
 
-    def log_request(self, body: Any, limit: int) -> None:
-        """Keep ``body`` in :attr:`requests` unless ``limit`` bodies are kept already."""
+    def log_request(self, body: Any, limit: int, version: str = "") -> None:
+        """Keep ``body`` (and the ``version`` reported as it arrived) in :attr:`requests`
+        unless ``limit`` bodies are kept already."""
         if len(self.requests) < limit:
             self.requests.append(body)
+            self.request_versions.append(version)
 
     def log_rid(self, rid: str, limit: int) -> None:
         """Keep ``rid`` in :attr:`rids_seen` unless ``limit`` rids are kept already."""
@@ -57,6 +61,7 @@ class TextEngineStats:
         """A frozen copy of the counters, with the engine's state given beside."""
         return TextEngineStatistics(
             requests=tuple(self.requests),
+            request_versions=tuple(self.request_versions),
             rids_seen=tuple(self.rids_seen),
             aborts=tuple(self.aborts),
             running=self.running,
@@ -78,12 +83,14 @@ class TextEngineStats:
 class TextEngineStatistics:
     """A snapshot of :class:`TextEngineStats` (:meth:`TextStandInEngine.statistics`).
 
-    ``requests`` are the bodies of ``/generate`` and ``/v1/chat/completions`` received;
+    ``requests`` are the bodies of ``/generate`` and ``/v1/chat/completions`` received,
+    ``request_versions`` the weight version ``/model_info`` reported as each arrived;
     ``chat_requests`` counts the latter; ``template_cache_hits`` counts chat renders
     served from the cache; ``paused`` is whether ``/pause_generation`` holds generation.
     """
 
     requests: tuple[Any, ...]
+    request_versions: tuple[str, ...]
     rids_seen: tuple[str, ...]
     aborts: tuple[Any, ...]
     running: int

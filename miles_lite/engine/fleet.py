@@ -1,0 +1,344 @@
+"""The fleet: engines that join, leave, die, hang and come back while a rollout runs, and
+the weight fence that keeps each one out of rotation until it serves the current weights.
+
+The router owns one :class:`Fleet`. It remembers the current weights' source (the path
+and version of the last successful update, :class:`WeightSource`). An engine is out of
+rotation (:attr:`EngineSlot.serving <miles_lite.engine.balancer.EngineSlot.serving>`)
+while:
+
+- it awaits a weight version (it missed an update, or came back or joined on other
+  weights): the fleet brings it up to date itself, from the remembered source, with
+  backoff (pause ``retract``, load, flush, continue, read ``/model_info``), and lets it
+  back only once ``/model_info`` reports the current version;
+- it is being checked (``checking``): it left for its health (dead, hung) or just
+  joined; when its ``/health`` passes again, the aborts it did not take while hung are
+  sent again, and its version is read: the current one lets it back, another fences it;
+- it is draining (:meth:`Fleet.remove`): no new lease, the leases it has end, then it is
+  forgotten.
+
+Every transition is counted (:class:`FleetStatistics`, in ``Router.statistics()``) and
+logged. No request is ever sent to an engine that is not serving, so none reaches an
+engine before it reported the current version (once there is one).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+
+from miles_lite.engine.balancer import Balancer, EngineSlot
+from miles_lite.engine.cache_control import flush_cache
+from miles_lite.engine.control import (
+    abort_requests,
+    continue_generation,
+    pause_generation,
+    read_weight_versions,
+    update_weights_from_disk,
+)
+from miles_lite.engine.versions import WeightVersions
+from miles_lite.errors import EngineError
+from miles_lite.sglang.control import MODEL_INFO_PATH, PauseMode, model_info_version
+
+if TYPE_CHECKING:
+    from miles_lite.engine.http.client import EngineClient
+
+__all__ = ["Fleet", "FleetStatistics", "WeightSource"]
+
+_log = logging.getLogger(__name__)
+
+#: Stale rids an engine keeps for its return (beyond: abort_all there instead).
+_MAX_STALE_RIDS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSource:
+    """Where the current weights came from: ``path`` (None: the trainer pushed them
+    itself, so no engine can be caught up from a folder), ``version``, and how the update
+    loaded and flushed (``load_timeout_s``, ``control_timeout_s``, ``flush_timeout_s``,
+    ``flushes``)."""
+
+    path: str | None
+    version: str
+    load_timeout_s: float = 300.0
+    control_timeout_s: float = 10.0
+    flush_timeout_s: float = 30.0
+    flushes: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStatistics:
+    """The fleet's transitions, counted since the router opened.
+
+    ``fenced``: engines taken out of rotation for their weight version; ``checked``:
+    returns (or joins) checked; ``readmitted``: engines let back at the current version;
+    ``catch_ups`` / ``catch_up_failures``: catch-up updates that brought an engine to the
+    current version / that did not; ``stale_aborts``: rids aborted at an engine that
+    came back; ``joined`` / ``removed``: engines added / forgotten; ``aborted_on_remove``:
+    removals without drain.
+    """
+
+    fenced: int = 0
+    checked: int = 0
+    readmitted: int = 0
+    catch_ups: int = 0
+    catch_up_failures: int = 0
+    stale_aborts: int = 0
+    joined: int = 0
+    removed: int = 0
+    aborted_on_remove: int = 0
+
+
+class Fleet:
+    """The weight fence, catch-up, stale aborts, joins and removals (see the module doc).
+
+    ``backoff_s``: the first wait after a failed catch-up (doubling up to
+    ``max_backoff_s``). Catch-ups run in the task group given to :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        balancer: Balancer,
+        client: EngineClient,
+        versions: WeightVersions,
+        *,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        self._balancer = balancer
+        self._client = client
+        self._versions = versions
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._catching: set[str] = set()
+        self._counts: dict[str, int] = dict.fromkeys(FleetStatistics.__slots__, 0)
+        #: The last successful update's source; None before any.
+        self.source: WeightSource | None = None
+
+    def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Run catch-ups in ``task_group`` (the router's, cancelled when it closes)."""
+        self._tg = task_group
+
+    def statistics(self) -> FleetStatistics:
+        """A snapshot of the counts."""
+        return FleetStatistics(**self._counts)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self._counts[name] += n
+
+    # -- the fence -----------------------------------------------------------------------
+
+    def fence(self, engine: EngineSlot, version: str, why: str) -> None:
+        """Take ``engine`` out of rotation until it reports ``version``; the catch-up
+        starts at once when the router runs (and its health passes)."""
+        if engine.awaiting_version != version:
+            self._count("fenced")
+            _log.warning(
+                "engine %s out of rotation until it reports %r: %s", engine.url, version, why
+            )
+        self._balancer.await_version(engine, version)
+        if engine.healthy and not engine.checking:
+            self._spawn_catch_up(engine)
+
+    def admit(self, engine: EngineSlot, version: str | None) -> None:
+        """``engine`` reports ``version``, the current one: back in rotation."""
+        was_out = engine.awaiting_version is not None or engine.checking
+        engine.checking = False
+        self._balancer.clear_version(engine)
+        self._balancer.wake_all()
+        if was_out and engine.serving:
+            self._count("readmitted")
+            _log.info("engine %s back in rotation at weight version %r", engine.url, version)
+
+    def reported(self, engine: EngineSlot, version: str | None) -> bool:
+        """``engine`` reports ``version`` (None: it did not say): admitted if it is the
+        current one (or none is recorded), else fenced. Whether it is clear now."""
+        current = self._versions.current
+        if current is None or version == current:
+            self.admit(engine, version)
+            return True
+        self.fence(engine, current, f"it reports weight version {version!r}")
+        return False
+
+    async def read_version(self, engine: EngineSlot) -> str | None:
+        """``engine``'s ``/model_info`` weight version (one bounded attempt); None when it
+        did not say."""
+        timeout_s = self._balancer.config.health_timeout_s
+        with anyio.move_on_after(timeout_s):
+            try:
+                info = await self._client.get_json(
+                    engine.url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False
+                )
+            except EngineError:
+                return None
+            return model_info_version(info)
+        return None
+
+    async def check(self, engine: EngineSlot) -> str | None:
+        """After a passing probe of an engine out of rotation for its weights or its
+        return: abort what it owes, read its version, admit or fence it (and start its
+        catch-up). The version it reported, or None."""
+        version = await self.read_version(engine)
+        if engine.url not in self._balancer.by_url or engine.draining:
+            return version
+        if version is None and (self._versions.current is not None or not engine.checking):
+            return version  # it must say its version before it serves again
+        if engine.checking:
+            self._count("checked")
+            await self._abort_stale(engine)
+            engine.checking = False
+            self.reported(engine, version)
+        elif engine.awaiting_version is not None:
+            if version == engine.awaiting_version:
+                self.admit(engine, version)
+            else:
+                self._spawn_catch_up(engine)
+        return version
+
+    async def _abort_stale(self, engine: EngineSlot) -> None:
+        """Send again the aborts ``engine`` did not take while it was hung."""
+        rids, engine.stale_rids = engine.stale_rids, set()
+        if not rids:
+            return
+        report = await abort_requests(
+            self._client,
+            {engine.url: sorted(rids)},
+            timeout_s=self._balancer.config.health_timeout_s,
+            settle_timeout_s=self._balancer.config.health_timeout_s,
+        )
+        self._count("stale_aborts", len(rids))
+        _log.warning(
+            "engine %s answers again: aborted %d stale request(s) (%s)",
+            engine.url,
+            len(rids),
+            report.engines[0].error or "idle",
+        )
+
+    def owe_abort(self, engine: EngineSlot, rid: str) -> None:
+        """``engine`` did not take the abort of ``rid`` (hung, gone): it is sent again
+        when the engine answers (:meth:`check`)."""
+        if len(engine.stale_rids) < _MAX_STALE_RIDS:
+            engine.stale_rids.add(rid)
+
+    # -- catch-up ------------------------------------------------------------------------
+
+    def _spawn_catch_up(self, engine: EngineSlot) -> None:
+        source = self.source
+        if self._tg is None or engine.url in self._catching:
+            return
+        if source is None or source.path is None or source.version != engine.awaiting_version:
+            if source is not None and source.path is None:
+                _log.warning(
+                    "engine %s awaits weight version %r, pushed by the trainer (no folder):"
+                    " it stays out until an update reaches it",
+                    engine.url,
+                    engine.awaiting_version,
+                )
+            return
+        self._catching.add(engine.url)
+        self._tg.start_soon(self._catch_up, engine, source, name=f"catch-up {engine.url}")
+
+    async def _catch_up(self, engine: EngineSlot, source: WeightSource) -> None:
+        """Update ``engine`` from ``source`` until it reports its version (backoff between
+        tries), as long as that is still the version it awaits."""
+        delay = self._backoff_s
+        try:
+            while (
+                engine.awaiting_version == source.version
+                and self.source is source
+                and engine.url in self._balancer.by_url
+                and not engine.draining
+            ):
+                if engine.healthy:
+                    version, why = await self._update_one(engine, source)
+                    if version == source.version:
+                        self._count("catch_ups")
+                        _log.info("engine %s caught up to %r", engine.url, version)
+                        self.admit(engine, version)
+                        return
+                    self._count("catch_up_failures")
+                    _log.warning(
+                        "catch-up of engine %s to %r from %s failed (%s); again in %g s",
+                        engine.url,
+                        source.version,
+                        source.path,
+                        why,
+                        delay,
+                    )
+                await anyio.sleep(delay)
+                delay = min(delay * 2, self._max_backoff_s)
+        finally:
+            self._catching.discard(engine.url)
+
+    async def _update_one(self, engine: EngineSlot, source: WeightSource) -> tuple[str | None, str]:
+        """One catch-up of ``engine``: pause (retract, only while requests of ours are
+        still at it), load, flush, continue (shielded), read. Its version after, and why
+        it failed ('' if it did not)."""
+        assert source.path is not None
+        client, urls, control_s = self._client, [engine.url], source.control_timeout_s
+        why = ""
+        paused = engine.in_flight > 0
+        try:
+            if paused:
+                await pause_generation(client, urls, PauseMode.RETRACT, timeout_s=control_s)
+            push = await update_weights_from_disk(
+                client, urls, source.path, version=source.version, timeout_s=source.load_timeout_s
+            )
+            if not push.ok:
+                why = str(push.engines[0].error)
+            elif source.flushes:
+                flushed = await flush_cache(client, urls, timeout_s=source.flush_timeout_s)
+                if not flushed.ok:
+                    why = str(flushed.engines[0].error)
+        finally:
+            if paused:
+                with anyio.CancelScope(shield=True):
+                    await continue_generation(client, urls, timeout_s=control_s)
+        if why:
+            return None, why
+        read = await read_weight_versions(client, urls, timeout_s=control_s)
+        version = read.engines[0].version
+        return version, "" if version == source.version else f"reports {version!r}"
+
+    # -- joins and removals --------------------------------------------------------------
+
+    async def add(self, url: str) -> bool:
+        """A new engine: probed, checked (its version read, fenced and caught up when it is
+        not the current one) and only then routed to. Whether it serves now (else the
+        health loop and its catch-up go on)."""
+        engine = self._balancer.add(url)
+        self._count("joined")
+        _log.info("engine %s joins", url)
+        timeout_s = self._balancer.config.health_timeout_s
+        ok = False
+        with anyio.move_on_after(timeout_s):
+            ok = await self._client.health(url, timeout_s=timeout_s)
+        self._balancer.record_probe(engine, ok)
+        if ok:
+            await self.check(engine)
+        return engine.serving
+
+    async def remove(self, engine: EngineSlot, *, drain: bool, abort_timeout_s: float) -> None:
+        """No new lease on ``engine``; with ``drain`` its leases end by themselves, else
+        its requests are aborted (they answer with their partial output); then it is
+        forgotten."""
+        engine.draining = True
+        self._balancer.wake_all()
+        _log.info("engine %s leaves (%s)", engine.url, "draining" if drain else "aborting")
+        if not drain and engine.in_flight:
+            self._count("aborted_on_remove")
+            await abort_requests(
+                self._client,
+                {engine.url: ()},
+                abort_all=True,
+                timeout_s=abort_timeout_s,
+                settle_timeout_s=abort_timeout_s,
+            )
+        while engine.in_flight:
+            await self._balancer.changed()
+        self._balancer.drop(engine)
+        self._count("removed")
