@@ -31,6 +31,9 @@
     ├── SessionError                         a chat session is unknown or closed
     └── JournalError                         the rollout journal: other run, corrupt, full
 
+    UserWarning
+    └── RolloutWarning                       a rollout kept none of the groups it was asked for
+
 Errors about a request carry ``url`` and ``request_id`` (``None`` when unknown) and say
 them in their message. ``retryable`` is what the retry policy reads: ``False`` unless the
 transport knows that nothing reached the engine (the one translator in
@@ -64,6 +67,7 @@ __all__ = [
     "JournalError",
     "MilesLiteError",
     "RewardError",
+    "RolloutWarning",
     "SampleInvariantError",
     "SamplingParamsError",
     "SessionError",
@@ -378,4 +382,13 @@ class JournalError(MilesLiteError):
     complete transaction.
 
     Usage: ``Journal("run.db")`` on a file of another run raises it on ``bind``.
+    """
+
+
+class RolloutWarning(UserWarning):
+    """Warned when a rollout keeps none of the groups it was asked for (every one
+    dropped by a filter, failed or left partial): the message is ``result.summary()``,
+    with the filters' reasons counted, and says what to look at.
+
+    Usage: ``warnings.simplefilter("error", RolloutWarning)`` makes such a run raise.
     """

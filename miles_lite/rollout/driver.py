@@ -452,7 +452,7 @@ class _Run:
             "rollout/partial_groups": float(len(self.groups) - len(self.finished)),
         }
         for _, reason in self.filtered:
-            key = f"rollout/dynamic_filter/drop_{reason}"
+            key = f"rollout/dynamic_filter/{reason}"  # reasons read drop_...: filters.py
             metrics[key] = metrics.get(key, 0.0) + 1.0
         if self.stop_time is not None:
             metrics["perf/stop_time"] = self.stop_time

@@ -1,9 +1,12 @@
 """Dynamic sampling filters: keep or drop a finished group, with a reason.
 
-A filter is ``(group) -> bool | FilterResult``; a drop without a reason is counted as
-``rollout/dynamic_filter/drop_filtered``. Built in, as miles' filter hub:
-:func:`drop_zero_std` (DAPO: the group's rewards all agree, so it teaches nothing) and
-:func:`drop_aborted` (a sample of the group was aborted).
+A filter is ``(group) -> bool | FilterResult``. A dropped group's reason has one spelling
+everywhere: ``drop_<the filter's reason>`` (``drop_zero_std_1.0``) in
+``result.filter_reasons``, in the metric ``rollout/dynamic_filter/<reason>`` (miles'
+``rollout/dynamic_filter/drop_<reason>``) and in ``result.summary()``; a drop without a
+reason is ``drop_filtered``. Built in, as miles' filter hub: :func:`drop_zero_std` (DAPO:
+the group's rewards all agree, so it teaches nothing), :func:`drop_aborted` (a sample of
+the group was aborted) and :func:`drop_failed`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ __all__ = [
     "apply_filters",
     "drop_aborted",
     "drop_failed",
+    "drop_reason",
     "drop_zero_std",
     "reward_value",
 ]
@@ -29,7 +33,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class FilterResult:
-    """A filter's verdict: ``keep``, and why not (``reason``, a metric-name suffix)."""
+    """A filter's verdict: ``keep``, and why not (``reason``: :func:`apply_filters` spells
+    it ``drop_<reason>``, the last part of the metric's name)."""
 
     keep: bool
     reason: str | None = None
@@ -53,7 +58,8 @@ def reward_value(sample: Sample, reward_key: str | None = None) -> float | None:
 
 def drop_zero_std(reward_key: str | None = None, *, eps: float = 1e-8) -> GroupFilter:
     """A filter dropping groups whose rewards all agree (std <= ``eps``), reason
-    ``zero_std_<reward rounded to 0.1>``. Groups with a missing reward are kept."""
+    ``drop_zero_std_<reward rounded to 0.1>`` (``drop_zero_std_1.0``: the value spelt as
+    in ``rollout/zero_std/count_1.0``). Groups with a missing reward are kept."""
 
     def check(group: list[Sample]) -> FilterResult:
         values = [reward_value(s, reward_key) for s in group]
@@ -64,29 +70,40 @@ def drop_zero_std(reward_key: str | None = None, *, eps: float = 1e-8) -> GroupF
         std = math.sqrt(math.fsum((v - mean) ** 2 for v in floats) / len(floats))
         if std > eps:
             return FilterResult(True)
-        return FilterResult(False, f"zero_std_{round(floats[0], 1)}")
+        return FilterResult(False, f"drop_zero_std_{round(floats[0], 1)}")
 
     return check
 
 
 def drop_aborted(group: list[Sample]) -> FilterResult:
-    """Drop a group holding an ABORTED sample (reason ``aborted``)."""
+    """Drop a group holding an ABORTED sample (reason ``drop_aborted``)."""
     if any(s.status is SampleStatus.ABORTED for s in group):
-        return FilterResult(False, "aborted")
+        return FilterResult(False, "drop_aborted")
     return FilterResult(True)
 
 
 def drop_failed(group: list[Sample]) -> FilterResult:
-    """Drop a group holding a FAILED sample (reason ``failed``)."""
+    """Drop a group holding a FAILED sample (reason ``drop_failed``)."""
     if any(s.status is SampleStatus.FAILED for s in group):
-        return FilterResult(False, "failed")
+        return FilterResult(False, "drop_failed")
     return FilterResult(True)
+
+
+def drop_reason(reason: str | None) -> str:
+    """A filter's reason as results and metrics spell it: ``drop_<reason>``
+    (``"odd" -> "drop_odd"``, ``"drop_odd" -> "drop_odd"``, ``None -> "drop_filtered"``)."""
+    if not reason:
+        return "drop_filtered"
+    return reason if reason.startswith("drop_") else f"drop_{reason}"
 
 
 def apply_filters(filters: Sequence[GroupFilter], group: list[Sample]) -> FilterResult:
     """The first drop among ``filters``, else keep.
 
-    A filter that raises drops the group with reason ``filter_error`` and fails its samples
+    The reason of a drop is ``drop_<the filter's reason>`` (a reason already starting
+    with ``drop_`` is kept as it is; none: ``drop_filtered``), so that it reads as the
+    metric ``rollout/dynamic_filter/<reason>`` does.
+    A filter that raises drops the group with reason ``drop_filter_error`` and fails its samples
     with a :class:`~miles_lite.errors.FilterError` whose cause is the filter's exception;
     a filter returning something else than a bool or a FilterResult is treated the same.
     """
@@ -103,7 +120,7 @@ def apply_filters(filters: Sequence[GroupFilter], group: list[Sample]) -> Filter
             error.__cause__ = exc
             for sample in group:
                 sample.fail(error)
-            return FilterResult(False, "filter_error")
+            return FilterResult(False, "drop_filter_error")
         if not verdict.keep:
-            return FilterResult(False, verdict.reason or "filtered")
+            return FilterResult(False, drop_reason(verdict.reason))
     return FilterResult(True)

@@ -55,7 +55,9 @@ def text_metrics(
 
 
 def _zero_std(samples: list[Sample], reward_key: str | None) -> dict[str, float]:
-    """Groups whose rewards all agree, counted by that reward (DAPO's zero-std groups)."""
+    """Groups whose rewards all agree, counted by that reward rounded to 0.1
+    (``rollout/zero_std/count_1.0``, as :func:`~miles_lite.rollout.filters.drop_zero_std`
+    spells its reason ``drop_zero_std_1.0``; DAPO's zero-std groups)."""
     groups: dict[int, list[float | None]] = defaultdict(list)
     for sample in samples:
         groups[sample.group_index].append(reward_value(sample, reward_key))
@@ -67,7 +69,8 @@ def _zero_std(samples: list[Sample], reward_key: str | None) -> dict[str, float]
         scored += 1
         first = values[0]
         if all(v == first for v in values):
-            key = f"rollout/zero_std/count_{first:g}"
+            # miles' spelling, and the value's in drop_zero_std's reason: count_1.0.
+            key = f"rollout/zero_std/count_{round(first, 1)}"
             counts[key] = counts.get(key, 0.0) + 1.0
             all_zero += first == 0.0
             all_one += first == 1.0

@@ -132,7 +132,7 @@ async def test_a_filter_that_raises_fails_its_group_only(
         result = await rollout.run(PROMPTS[:4])
     assert [g[0].prompt for g in result.groups] == ["prompt 0", "prompt 1", "prompt 3"]
     (broken,) = result.filtered
-    assert result.filter_reasons == ["filter_error"]
+    assert result.filter_reasons == ["drop_filter_error"]
     assert all(isinstance(s.error, FilterError) for s in broken)
 
 

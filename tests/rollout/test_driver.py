@@ -112,7 +112,7 @@ async def test_oversampling_keeps_exactly_the_target_and_never_sends_the_rest() 
     result = await driver.run(groups_of([f"p{g}" for g in range(8)]), target=2, batch_size=2)
     assert [g[0].group_index for g in result.groups] == [1, 2]
     assert [g[0].group_index for g in result.filtered] == [0]
-    assert result.filter_reasons == ["zero_std_1.0"]
+    assert result.filter_reasons == ["drop_zero_std_1.0"]
     assert result.metrics["rollout/dynamic_filter/drop_zero_std_1.0"] == 1
     # Batch 1 started groups 0-1; group 0 dropped -> batch 2 (2-3) started; never 4-7.
     assert sorted({i // 2 for i in kind.sent}) == [0, 1, 2, 3]
@@ -179,7 +179,7 @@ async def test_a_filter_that_raises_fails_its_group_only() -> None:
     )
     result = await driver.run(groups_of(["ok", "bad", "ok2"]))
     assert [g[0].prompt for g in result.groups] == ["ok", "ok2"]
-    assert result.filter_reasons == ["filter_error"]
+    assert result.filter_reasons == ["drop_filter_error"]
     (bad,) = result.filtered
     assert all(isinstance(s.error, FilterError) for s in bad)
     assert isinstance(bad[0].error.__cause__, ValueError)  # type: ignore[union-attr]
@@ -218,7 +218,7 @@ async def test_filters_may_return_a_result_with_a_reason() -> None:
         Kind(lambda s: 0.0), Scorer({}, reward=None, group_reward=None), filters=[drop_aborted, odd]
     )
     result = await driver.run(groups_of(["a", "b", "c"]))
-    assert result.filter_reasons == ["odd_group"]
+    assert result.filter_reasons == ["drop_odd_group"]
     assert result.metrics["rollout/dynamic_filter/drop_odd_group"] == 1
 
 

@@ -54,7 +54,7 @@ async def test_a_group_a_filter_drops_frees_its_place(scripted_rollout: OpenScri
     ):
         got = [group[0].group_index async for group in groups]
     assert got == [1, 3] and groups.statistics().started == 4
-    assert groups.result.filter_reasons == ["filtered", "filtered"]
+    assert groups.result.filter_reasons == ["drop_filtered", "drop_filtered"]
 
 
 async def test_enough_kept_groups_stop_the_stream_and_the_rest_comes_back(

@@ -43,7 +43,7 @@ def test_truncated_ratio_and_zero_std_groups_by_reward_key() -> None:
     ]
     m = text_metrics(samples, reward_key="acc")
     assert m["rollout/truncated_ratio"] == pytest.approx(1 / 6)
-    assert m["rollout/zero_std/count_1"] == 1 and m["rollout/zero_std/count_0"] == 1
+    assert m["rollout/zero_std/count_1.0"] == 1 and m["rollout/zero_std/count_0.0"] == 1
     assert m["rollout/zero_std/all_one_percentage"] == pytest.approx(1 / 3)
 
 

@@ -9,7 +9,12 @@ import anyio
 import pytest
 
 from miles_lite import AgentGenerate, GenerateError, SampleStatus, TextRollout, TextSamplingParams
-from miles_lite.errors import ConfigError, EngineStatusError, SamplingParamsError
+from miles_lite.errors import (
+    ConfigError,
+    EngineStatusError,
+    RolloutWarning,
+    SamplingParamsError,
+)
 from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.rollout.filters import drop_zero_std
 from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
@@ -229,14 +234,15 @@ async def test_a_filter_drops_groups_whose_rewards_agree(text_rollout: OpenRollo
     ) as (rollout, _):
         from miles_lite.rollout.groups import PromptGroup
 
-        result = await rollout.run(
-            [
-                PromptGroup(prompt="What is 2+3?", label="5"),
-                PromptGroup(prompt="What is 2+3?", label="6"),
-            ]
-        )
+        with pytest.warns(RolloutWarning, match=r"kept 0 of 2 groups; filtered 2"):
+            result = await rollout.run(
+                [
+                    PromptGroup(prompt="What is 2+3?", label="5"),
+                    PromptGroup(prompt="What is 2+3?", label="6"),
+                ]
+            )
     assert result.groups == []
-    assert result.filter_reasons == ["zero_std_1.0", "zero_std_0.0"]
+    assert result.filter_reasons == ["drop_zero_std_1.0", "drop_zero_std_0.0"]
     assert all(s.reward in (0.0, 1.0) for g in result.filtered for s in g)
 
 
