@@ -108,14 +108,18 @@ def report(
     pictures: dict[str, str],
     tokenizer: Any = None,
 ) -> None:
-    """Print ``result``: one JSON line, or the metrics table, a sample, failures and where
-    the pictures are."""
+    """Print ``result``: one JSON line (its ``summary`` included), or the run's summary
+    in words (:meth:`RolloutResult.summary`), the metrics table, a sample, failures and
+    where the pictures are."""
     metrics = metrics_with_reward(result)
+    summary = result.summary()
     if as_json:
-        print(json.dumps({"kind": name, "metrics": metrics, **pictures}, sort_keys=True))
+        line = {"kind": name, "summary": summary, "metrics": metrics, **pictures}
+        print(json.dumps(line, sort_keys=True))
         return
     width = max((len(k) for k in metrics), default=6)
     print(f"\n== {name} ==")
+    print(summary)
     print(f"{'metric':<{width}}  value")
     print(f"{'-' * width}  {'-' * 12}")
     for key in sorted(metrics):
