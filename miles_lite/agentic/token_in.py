@@ -16,7 +16,8 @@ from miles_lite.agentic.registry import SessionState
 from miles_lite.agentic.turns import Trajectory, appended_messages, prefix_len, render_key
 from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.text.context import TextContext
-from miles_lite.text.tokenize import encode, text_after_turn
+from miles_lite.text.template_glue import TemplateGlue
+from miles_lite.text.tokenize import ids_after_turn
 
 __all__ = ["TokenIn"]
 
@@ -24,7 +25,9 @@ __all__ = ["TokenIn"]
 class TokenIn:
     """The token-in half of a session server over ``context`` (its tokenizer and
     template), counting in the server's ``counts`` (``templated_turns``,
-    ``token_in_turns``, ``recorded``)."""
+    ``token_in_turns``, ``recorded``). The appended messages' text comes from
+    :attr:`glue` (the template's per-role glue where proven) and is templated and encoded
+    in one worker-thread call a turn."""
 
     def __init__(
         self, context: TextContext, config: SessionServerConfig, counts: dict[str, int]
@@ -36,6 +39,7 @@ class TokenIn:
         self._end_of_turn = str(getattr(tokenizer, "eos_token", "") or "")
         eot_id = tokenizer.convert_tokens_to_ids(self._end_of_turn) if self._end_of_turn else None
         self._end_of_turn_id = eot_id if isinstance(eot_id, int) else -1
+        self.glue = TemplateGlue(tokenizer)
 
     async def prompt_ids(
         self, session: SessionState, body: dict[str, Any], payload: dict[str, Any]
@@ -55,8 +59,9 @@ class TokenIn:
             return None
         kwargs = body.get("chat_template_kwargs")
         try:
-            text = await text_after_turn(
+            tail = await ids_after_turn(
                 self._context,
+                self.glue,
                 appended,
                 end_of_turn=self._end_of_turn,
                 turn_ended=trajectory.turn_ended,
@@ -66,7 +71,7 @@ class TokenIn:
             raise refuse(
                 400, f"cannot apply the chat template: {exc}", "refused", param="messages"
             ) from exc
-        ids = [*trajectory.ids, *await encode(self._context, text)]
+        ids = [*trajectory.ids, *tail]
         payload["input_ids"] = ids
         self._counts["token_in_turns"] += 1
         return ids

@@ -10,10 +10,12 @@ from typing import Any
 
 from miles_lite.errors import GenerateError, SampleInvariantError
 from miles_lite.text.context import TextContext
+from miles_lite.text.template_glue import TemplateGlue, render_after_turn
 from miles_lite.types import Sample, checked_token_ids
 
 __all__ = [
     "encode",
+    "ids_after_turn",
     "image_data_urls",
     "prompt_ids",
     "render",
@@ -45,10 +47,6 @@ async def render(
     return str(text)
 
 
-#: An invisible separator no template adds by itself: where a stand-in turn ends.
-_ANCHOR = "\u2063"
-
-
 async def text_after_turn(
     ctx: TextContext,
     messages: Sequence[dict[str, Any]],
@@ -69,17 +67,40 @@ async def text_after_turn(
     :func:`~miles_lite.agentic.template_check.check_append_only`). Raises GenerateError
     when the template drops the stand-in turn.
     """
-    stand_in = [{"role": "user", "content": "."}, {"role": "assistant", "content": _ANCHOR}]
-    full = await render(ctx, [*stand_in, *messages], template_kwargs=template_kwargs)
-    at = full.rfind(_ANCHOR)
-    if at < 0:
-        raise GenerateError(
-            "the chat template dropped the assistant message; cannot place the turns after it"
-        )
-    text = full[at + len(_ANCHOR) :]
+    tokenizer = ctx.tokenizer
+    text = await ctx.off_loop(lambda: render_after_turn(tokenizer, messages, template_kwargs))
+    return _own_end_left_out(text, end_of_turn=end_of_turn, turn_ended=turn_ended)
+
+
+def _own_end_left_out(text: str, *, end_of_turn: str, turn_ended: bool) -> str:
     if turn_ended and end_of_turn and text.startswith(end_of_turn):
-        text = text[len(end_of_turn) :]
+        return text[len(end_of_turn) :]
     return text
+
+
+async def ids_after_turn(
+    ctx: TextContext,
+    glue: TemplateGlue,
+    messages: Sequence[dict[str, Any]],
+    *,
+    end_of_turn: str,
+    turn_ended: bool,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The ids of :func:`text_after_turn`'s text, templated through ``glue`` (cached per
+    role where proven, else the full render) and encoded in one worker-thread call."""
+    tokenizer = ctx.tokenizer
+
+    def work() -> list[int]:
+        text = _own_end_left_out(
+            glue.text_after_turn(messages, template_kwargs),
+            end_of_turn=end_of_turn,
+            turn_ended=turn_ended,
+        )
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return ids if type(ids) is list else list(ids)
+
+    return await ctx.off_loop(work)
 
 
 async def encode(ctx: TextContext, text: str) -> list[int]:
