@@ -446,7 +446,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         metavar="DIR",
         help="the model's tokenizer (a folder or a hub id transformers can load)",
     )
-    t.add_argument("--prompt-data", required=True, metavar="FILE", help="prompts, JSONL")
+    t.add_argument(
+        "--prompt-data",
+        required=True,
+        metavar="FILE",
+        help="prompts, JSONL: a string prompt is sent as it is (no chat template); a"
+        " messages list goes through the tokenizer's chat template",
+    )
     t.add_argument(
         "--input-key", default="prompt", help="the prompt's key in each line (default prompt)"
     )
