@@ -125,9 +125,7 @@ def build_rewards(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     if kind == "custom":
         return {kind: load_function(args.reward_function_path)}
-    from miles_lite.rewards.text_rewards import TEXT_REWARDS
-
-    return {kind: TEXT_REWARDS[kind]}
+    return {}  # a built-in name: TextRollout.open finds it in rewards.BUILTIN_REWARDS
 
 
 def build_filters(args: argparse.Namespace) -> list[GroupFilter]:

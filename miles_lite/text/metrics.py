@@ -68,7 +68,7 @@ def _zero_std(samples: list[Sample], reward_key: str | None) -> dict[str, float]
             continue
         scored += 1
         first = values[0]
-        if all(v == first for v in values):
+        if first is not None and all(v == first for v in values):
             # miles' spelling, and the value's in drop_zero_std's reason: count_1.0.
             key = f"rollout/zero_std/count_{round(first, 1)}"
             counts[key] = counts.get(key, 0.0) + 1.0

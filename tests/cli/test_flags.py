@@ -14,6 +14,7 @@ from miles_lite.cli import CliError, load_function, load_object
 from miles_lite.cli._args import build_parser
 from miles_lite.cli.text import build_config, build_filters, build_generate, build_rewards
 from miles_lite.errors import ConfigError
+from miles_lite.rewards.builtin import with_builtin_rewards
 from miles_lite.rewards.text_rewards import math_reward
 from miles_lite.text.benchmark import Benchmark
 from miles_lite.text.multi_turn import MultiTurn
@@ -105,7 +106,9 @@ def test_rollout_flags_make_the_config_rewards_and_filters() -> None:
     assert config.over_sampling_batch_size == 3 and config.sampling.max_new_tokens == 16
     assert config.engines.router.max_inflight_per_engine == 5
     assert config.engines.router.ready_timeout_s == 600.0
-    assert build_rewards(args) == {"math": math_reward}  # type: ignore[arg-type]
+    # A built-in name: the CLI keeps no table; the rollout's open() resolves it.
+    assert build_rewards(args) == {} and config.reward == "math"  # type: ignore[arg-type]
+    assert with_builtin_rewards(build_rewards(args), [config.reward]) == {"math": math_reward}  # type: ignore[arg-type]
     (check,) = build_filters(args)  # type: ignore[arg-type]
     assert callable(check)
     message = r"^--over-sampling-batch-size 2: TextRolloutConfig.over_sampling_batch_size \(2\)"
