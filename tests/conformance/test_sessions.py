@@ -29,7 +29,11 @@ pytestmark = pytest.mark.anyio
 
 @asynccontextmanager
 async def session_server(
-    url: str, tokenizer: Any, config: SessionServerConfig | None = None, max_new_tokens: int = 6
+    url: str,
+    tokenizer: Any,
+    config: SessionServerConfig | None = None,
+    max_new_tokens: int = 6,
+    extra: dict[str, Any] | None = None,
 ) -> AsyncIterator[SessionServer]:
     """A session server over the real server; greedy sampling, so that a turn can be
     replayed to stop where a probe of it ended (a random model rarely stops by itself,
@@ -41,7 +45,9 @@ async def session_server(
         context = TextContext(
             tokenizer,
             router,
-            TextSamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+            TextSamplingParams(
+                max_new_tokens=max_new_tokens, temperature=0.0, extra=dict(extra or {})
+            ),
             vocab_size=len(tokenizer),
         )
         async with SessionServer(context, config) as server:
@@ -203,3 +209,32 @@ async def test_rewritten_history_through_the_real_template_is_detected(
     assert [x.tokens for x in result.samples] == [
         p + r.output_ids for p, r in zip(full_prompts(strict), strict, strict=True)
     ]
+
+
+async def test_the_rollouts_logit_bias_reaches_chat_turns_and_ends_them_where_it_says(
+    sglang_url: str, tokenizer: Any
+) -> None:
+    """Issue 31.3: a rollout's ``logit_bias`` reaches the real server's chat endpoint under
+    its chat name. Biased towards the end-of-turn token, every turn ends at once with it
+    (``stop``); without the bias the same greedy turn runs to its budget."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    messages = [{"role": "user", "content": "Count slowly to one hundred:"}]
+    outputs: dict[bool, Any] = {}
+    for biased in (False, True):
+        extra = {"logit_bias": {str(end): 100.0}} if biased else None
+        async with session_server(sglang_url, tokenizer, max_new_tokens=12, extra=extra) as server:
+            session = await server.open_session(RunContext(0))
+            oa = chat_client(session.base_url)
+            try:
+                answer = await oa.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+            finally:
+                await oa.close()
+            (record,) = await server.close_session(session.id)
+        outputs[biased] = (answer.choices[0].finish_reason, record)
+    plain_finish, plain = outputs[False]
+    assert plain_finish == "length" and len(plain.output_ids) == 12
+    assert end not in plain.output_ids
+    biased_finish, biased = outputs[True]
+    assert biased_finish == "stop"
+    assert biased.output_ids == [end]
+    assert biased.request.get("logit_bias") == {str(end): 100.0}
