@@ -64,6 +64,14 @@ def _sentinel(series: str, index: int) -> str:
     return f" \n\u2060{series}{index}\u2060\n "
 
 
+def _joined(glue: tuple[str, ...], messages: Sequence[dict[str, Any]]) -> str:
+    parts = [glue[0]]
+    for message, after in zip(messages, glue[1:], strict=True):
+        parts.append(message["content"])
+        parts.append(after)
+    return "".join(parts)
+
+
 class TemplateGlue:
     """Glue cache for one tokenizer's chat template; counts ``glued`` and ``rendered``
     calls (``rendered`` includes the proofs)."""
@@ -89,11 +97,7 @@ class TemplateGlue:
         glue = self._glue[key]
         if glue is None:
             return self._render(messages, template_kwargs)
-        parts = [glue[0]]
-        for message, after in zip(messages, glue[1:], strict=True):
-            parts.append(message["content"])
-            parts.append(after)
-        text = "".join(parts)
+        text = _joined(glue, messages)
         if key not in self._proven:  # first real use: render both ways
             full = self._render(messages, template_kwargs)
             if full != text:
@@ -103,6 +107,20 @@ class TemplateGlue:
             return text
         self.glued += 1
         return text
+
+    def proven_text(
+        self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+    ) -> str | None:
+        """The glued text when this shape's glue is already proven (no template work,
+        a few microseconds: fit for the event loop), else None."""
+        key = self._key(messages, template_kwargs)
+        if key is None or key not in self._proven:
+            return None
+        glue = self._glue.get(key)
+        if glue is None:
+            return None
+        self.glued += 1
+        return _joined(glue, messages)
 
     def _render(
         self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None
