@@ -111,7 +111,12 @@ class GenerateAnswer:
 
 
 def parse_generate_answer(
-    answer: Any, *, rid: str, url: str | None = None, vocab_size: int | None = None
+    answer: Any,
+    *,
+    rid: str,
+    url: str | None = None,
+    vocab_size: int | None = None,
+    in_flight: bool = False,
 ) -> GenerateAnswer:
     """Check one ``/generate`` answer to request ``rid`` and read it.
 
@@ -121,6 +126,9 @@ def parse_generate_answer(
     float log-prob <= 0; ``output_ids`` that differ; a ``completion_tokens`` other than
     the count; an unknown finish reason; counts that are not ints >= 0; weight version
     spans that do not cover the output.
+
+    ``in_flight``: a streamed chunk before the last (``finish_reason`` null, checked so):
+    the tokens so far, as an ABORTED answer (finish reason ``"abort"``).
     """
     where = {"url": url, "request_id": rid}
     if not isinstance(answer, dict) or not isinstance(answer.get("meta_info"), dict):
@@ -150,6 +158,8 @@ def parse_generate_answer(
             f"meta_info.completion_tokens is {completion!r} for {len(ids)} output tokens", **where
         )
     finish = meta.get("finish_reason")
+    if in_flight:  # a chunk before the last: no finish reason yet
+        finish = {"type": "abort"} if finish is None else None
     kind = finish.get("type") if isinstance(finish, dict) else None
     status = FINISH_STATUS.get(kind) if isinstance(kind, str) and kind != "tool_calls" else None
     if status is None:

@@ -10,18 +10,39 @@ the engine's ``meta_info.output_token_logprobs``, never from re-tokenized text.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from miles_lite.engine.http.response import RawResponse
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.send import Send
 from miles_lite.rollout.spans import UnitSpan
+from miles_lite.sglang.generate_stream import (
+    StreamEvents,
+    decode_generate_stream,
+    parse_stream_chunk,
+)
 from miles_lite.sglang.generate_wire import GENERATE_PATH, GenerateAnswer, decode_generate_answer
 from miles_lite.text.context import TextContext
 from miles_lite.types import Sample
 
-__all__ = ["append_env_tokens", "apply_answer", "post_generate"]
+__all__ = ["TOKEN_SINK", "TokenSink", "append_env_tokens", "apply_answer", "post_generate"]
+
+
+class TokenSink(Protocol):
+    """Who is told the tokens of a streamed generation as they come (a rollout journal):
+    called with the output so far, checked (an ABORTED answer), about every
+    ``every_tokens`` tokens; never awaited (it must not block)."""
+
+    every_tokens: int
+
+    def __call__(self, partial: GenerateAnswer) -> None: ...
+
+
+#: The token sink of the generate call running in this task (set by whoever wraps the
+#: call, e.g. a journal): while one is set, a one-output ``/generate`` streams.
+TOKEN_SINK: ContextVar[TokenSink | None] = ContextVar("miles_lite_token_sink", default=None)
 
 
 def post_generate(
@@ -42,6 +63,16 @@ def post_generate(
     (an engine 400 as ``EngineStatusError`` with SGLang's message) and
     ``EngineProtocolError`` for an answer that breaks the format.
     """
+    sink = TOKEN_SINK.get()
+    params = payload.get("sampling_params") or {}
+    if sink is not None and params.get("n", 1) == 1:
+        # SGLang's chunk size in tokens (inside sampling_params: a top-level one is ignored).
+        payload["stream"] = True
+        payload["sampling_params"] = {"stream_interval": sink.every_tokens, **params}
+        streamed = _StreamedGenerate(ctx.router, run, GENERATE_PATH, payload, payload["rid"], span)
+        streamed.vocab_size = ctx.vocab_size
+        streamed.sink = sink
+        return streamed.run()
     send = _Generate(ctx.router, run, GENERATE_PATH, payload, payload["rid"], span)
     send.vocab_size = ctx.vocab_size
     return send.run()
@@ -62,6 +93,10 @@ class _Generate(Send[RawResponse, GenerateAnswer]):
         parsed = decode_generate_answer(
             response.body, rid=self.rid, url=self.url, vocab_size=self.vocab_size
         )
+        return self.marked_answer(parsed)
+
+    def marked_answer(self, parsed: GenerateAnswer) -> GenerateAnswer:
+        """``parsed`` with the tokens it made on KV from before an update marked."""
         spans = parsed.weight_spans
         if spans:
             # Across a weight update (or sent just before one): tokens made on older KV.
@@ -69,6 +104,48 @@ class _Generate(Send[RawResponse, GenerateAnswer]):
             if marked is not spans:
                 parsed = replace(parsed, weight_spans=marked)
         return parsed
+
+
+class _StreamedGenerate(_Generate):
+    """A ``/generate`` that streams (``stream: true``): each chunk is checked as it comes
+    and the output so far goes to ``sink`` once ``sink.every_tokens`` more tokens came;
+    the answer is the last chunk, checked as a whole answer is."""
+
+    __slots__ = ("events", "sent", "sink")
+    sink: TokenSink
+
+    def request(self, url: str) -> Awaitable[RawResponse]:
+        self.events = StreamEvents()  # a new attempt starts a new stream
+        self.sent = 0
+        return self.router.client.post(
+            url,
+            GENERATE_PATH,
+            self.payload,
+            request_id=self.rid,
+            retry=False,
+            on_chunk=self.on_chunk,
+        )
+
+    def on_chunk(self, piece: bytes) -> None:
+        payloads = [p for p in self.events.feed(piece) if p != b"[DONE]"]
+        if not payloads:
+            return
+        # Chunks are cumulative: the last one holds everything so far.
+        partial = parse_stream_chunk(
+            payloads[-1], rid=self.rid, url=self.url, vocab_size=self.vocab_size
+        )
+        if (
+            partial.finish_reason == "abort"
+            and len(partial.ids) - self.sent >= self.sink.every_tokens
+        ):
+            self.sent = len(partial.ids)
+            self.sink(partial)
+
+    def finish(self, response: RawResponse) -> GenerateAnswer:
+        parsed = decode_generate_stream(
+            response.body, rid=self.rid, url=self.url, vocab_size=self.vocab_size
+        )
+        return self.marked_answer(parsed)
 
 
 def apply_answer(sample: Sample, answer: GenerateAnswer) -> None:

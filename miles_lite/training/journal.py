@@ -70,7 +70,11 @@ class JournalConfig:
       write fails the rollout with :class:`~miles_lite.errors.JournalError`, as a full
       disk does;
     - ``queue_size``: sample writes waiting for the writer thread at most; a full queue
-      makes the generate call that ended wait (counted: ``blocked_puts``).
+      makes the generate call that ended wait (counted: ``blocked_puts``);
+    - ``stream_tokens_every``: when set (tokens, >= 1), a text sample's ``/generate``
+      streams and the output so far is recorded each time this many more tokens came
+      (ids, log-probs, weight version), so a sample in flight at a crash resumes from
+      its last recorded token (``None``: samples are recorded when their call ends).
 
     Usage: ``Journal("run.db", JournalConfig(max_bytes=2**30))``.
     """
@@ -78,6 +82,7 @@ class JournalConfig:
     check: str = "quick"
     max_bytes: int | None = None
     queue_size: int = 4096
+    stream_tokens_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.check not in ("quick", "full", "none"):
@@ -99,6 +104,11 @@ class JournalConfig:
         ):
             raise ConfigError(
                 f"JournalConfig.queue_size must be an int >= 1, got {self.queue_size!r}"
+            )
+        every = self.stream_tokens_every
+        if every is not None and (type(every) is not int or every < 1):
+            raise ConfigError(
+                f"JournalConfig.stream_tokens_every must be an int >= 1 or None, got {every!r}"
             )
 
 
@@ -141,6 +151,9 @@ class Journal(AsyncResource):
         self._prompts: dict[str, str] = {}
         self._steps: set[int] = set()
         self._bound: dict[str, str] | None = None
+        #: Streamed progress records queued, and skipped (the queue was full).
+        self.progress_written = 0
+        self.progress_skipped = 0
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -279,7 +292,8 @@ class Journal(AsyncResource):
         row = (gid, slot, attempt, status, encode_samples(samples))
 
         def apply(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?)", row)
+            # REPLACE: the call's streamed progress (same attempt) is superseded by it.
+            conn.execute("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?)", row)
 
         write = Write(apply, samples=len(samples), counted=True)
         writer = self.writer
@@ -287,6 +301,23 @@ class Journal(AsyncResource):
             return  # the hand-off raises it: a generate call is no place to fail the run
         while not writer.put(write):
             await anyio.to_thread.run_sync(writer.wait_room)
+
+    def progress(self, gid: int, slot: int, attempt: int, sample: Sample) -> bool:
+        """Record ``sample`` in flight (its output so far, ABORTED) as place ``slot`` of
+        group ``gid`` under ``attempt``, replacing that attempt's earlier progress; the
+        call's own record replaces it when the call ends. Never waits: with the queue full
+        it is skipped (False; ``progress_skipped`` counts it)."""
+        row = (gid, slot, attempt, sample.status.value, encode_samples([sample]))
+
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?)", row)
+
+        writer = self.writer
+        if writer.error is None and writer.put(Write(apply, counted=True)):
+            self.progress_written += 1
+            return True
+        self.progress_skipped += 1
+        return False
 
     def verdicts(self, verdicts: Sequence[tuple[int, str, str | None]]) -> None:
         """Record (group id, ``kept`` / ``filtered`` / ``partial``, reason) of groups."""

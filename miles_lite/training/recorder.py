@@ -11,6 +11,7 @@ verdicts of filtered and partial groups are recorded when the call ends.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
@@ -20,6 +21,8 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.spans import UnitSpan
+from miles_lite.sglang.generate_wire import GenerateAnswer
+from miles_lite.text.request import TOKEN_SINK, apply_answer
 from miles_lite.training.journal import GROUP_KEY, Journal
 from miles_lite.training.reader import ResumeState
 from miles_lite.types import Sample
@@ -135,7 +138,16 @@ class JournaledKind:
         if unit:
             known = unit[0].metadata.get(GROUP_KEY)
             gid = known if isinstance(known, int) else gid
-        out = await self.kind.generate(unit, span, run)
+        every = recorder.journal.config.stream_tokens_every
+        if every is not None and gid is not None and len(unit) == 1:
+            sink = _ProgressSink(recorder.journal, gid, places[0][1], attempt, unit[0], every)
+            token = TOKEN_SINK.set(sink)
+            try:
+                out = await self.kind.generate(unit, span, run)
+            finally:
+                TOKEN_SINK.reset(token)
+        else:
+            out = await self.kind.generate(unit, span, run)
         if gid is not None:
             if len(out) == len(unit):
                 for sample, (_, slot) in zip(out, places, strict=True):
@@ -150,6 +162,28 @@ class JournaledKind:
 
     def measure(self) -> AbstractContextManager[KindMetrics]:
         return self.kind.measure()
+
+
+class _ProgressSink:
+    """Records a streamed sample's output so far (see ``JournalConfig.stream_tokens_every``):
+    the sample as sent plus the partial answer, ABORTED (``status_reason`` ``"in_flight"``),
+    so a resume continues it through the partial-rollout path."""
+
+    __slots__ = ("attempt", "every_tokens", "gid", "journal", "sample", "slot")
+
+    def __init__(
+        self, journal: Journal, gid: int, slot: int, attempt: int, sample: Sample, every: int
+    ) -> None:
+        self.journal, self.gid, self.slot, self.attempt = journal, gid, slot, attempt
+        self.sample, self.every_tokens = sample, every
+
+    def __call__(self, partial: GenerateAnswer) -> None:
+        # The sample as sent (its tokens hold the request's input), copied: the call
+        # goes on with the original.
+        snapshot = copy.deepcopy(self.sample)
+        apply_answer(snapshot, partial)
+        snapshot.status_reason = "in_flight"
+        self.journal.progress(self.gid, self.slot, self.attempt, snapshot)
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ suspension points and never joins a whole body.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from miles_lite.engine.http._errors import Progress
@@ -59,8 +60,10 @@ async def read_all_chunks(
     *,
     url: str | None,
     request_id: str | None,
+    on_chunk: Callable[[bytes], None] | None = None,
 ) -> list[bytes]:
-    """The body's pieces until its end, unjoined; ``BodyTooLargeError`` past ``limit`` bytes."""
+    """The body's pieces until its end, unjoined; ``BodyTooLargeError`` past ``limit`` bytes.
+    ``on_chunk`` is given each piece as it arrives."""
     chunks: list[bytes] = []
     while True:
         chunk = await stream.read(chunk_bytes)
@@ -75,6 +78,8 @@ async def read_all_chunks(
                 request_id=request_id,
             )
         chunks.append(chunk)
+        if on_chunk is not None:
+            on_chunk(chunk)
 
 
 async def read_excerpt(stream: ResponseStream, progress: Progress) -> str:

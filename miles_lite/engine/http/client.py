@@ -10,7 +10,7 @@ failures are translated in one place (:mod:`miles_lite.engine.http._errors`).
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +133,7 @@ class EngineClient(AsyncResource):
         timeout_s: float | None = None,
         retry: bool = True,
         headers: Mapping[str, str] | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
     ) -> RawResponse:
         """POST ``payload`` as JSON to ``url + path`` and return the 2xx answer unparsed.
 
@@ -152,6 +153,8 @@ class EngineClient(AsyncResource):
         (:meth:`Router.call` retries on another engine instead).
 
         ``headers`` are sent with this request only (over the config's ``headers``).
+        ``on_chunk`` is given each piece of the body as it arrives (a streamed answer:
+        read in pieces even with a Content-Length); the body is still returned whole.
         Inside ``Router.call(fn, key=...)`` through SGLang's router, the sticky key's
         header is added to requests to the router (:mod:`miles_lite.engine.smg`).
 
@@ -165,7 +168,7 @@ class EngineClient(AsyncResource):
         """
         data = _json.dumps(payload)
         return await self._call(
-            "POST", url, path, data, request_id, into, timeout_s, retry, headers
+            "POST", url, path, data, request_id, into, timeout_s, retry, headers, on_chunk
         )
 
     async def get_json(
@@ -245,6 +248,7 @@ class EngineClient(AsyncResource):
         timeout_s: float | None,
         retry: bool,
         headers: Mapping[str, str] | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
     ) -> RawResponse:
         self._check_open(url=url, request_id=request_id)
         if timeout_s is None:
@@ -261,12 +265,12 @@ class EngineClient(AsyncResource):
         try:
             if not retry:
                 where = Attempt(method, url, path, request_id, timeouts, Progress())
-                return await self._exchange(Request(where, data, sent_headers), allocator)
+                return await self._exchange(Request(where, data, sent_headers), allocator, on_chunk)
 
             async def attempt() -> RawResponse:
                 self._check_open(url=url, request_id=request_id)  # closed while backing off
                 where = Attempt(method, url, path, request_id, timeouts, Progress())
-                return await self._exchange(Request(where, data, sent_headers), allocator)
+                return await self._exchange(Request(where, data, sent_headers), allocator, on_chunk)
 
             return await retry_call(
                 self._config.retry, attempt, rand=self._random.random, on_retry=self._on_retry
@@ -278,7 +282,12 @@ class EngineClient(AsyncResource):
     def _on_retry(self, retry: int, error: Exception, delay_s: float) -> None:
         self._retries += 1
 
-    async def _exchange(self, request: Request, into: BodyAllocator) -> RawResponse:
+    async def _exchange(
+        self,
+        request: Request,
+        into: BodyAllocator,
+        on_chunk: Callable[[bytes], None] | None = None,
+    ) -> RawResponse:
         """One HTTP attempt: send, check the status, read the body into a buffer."""
         self._attempts += 1
         where = request.attempt
@@ -297,7 +306,7 @@ class EngineClient(AsyncResource):
                     url=where.url,
                     request_id=where.request_id,
                 )
-            owner, body = await self._read_body(stream, where, into)
+            owner, body = await self._read_body(stream, where, into, on_chunk)
             complete = True
             return RawResponse(
                 url=where.url,
@@ -317,7 +326,11 @@ class EngineClient(AsyncResource):
                 stream.close()
 
     async def _read_body(
-        self, stream: ResponseStream, where: Attempt, into: BodyAllocator
+        self,
+        stream: ResponseStream,
+        where: Attempt,
+        into: BodyAllocator,
+        on_chunk: Callable[[bytes], None] | None = None,
     ) -> tuple[object, memoryview]:
         config = self._config
         limit = config.max_body_bytes
@@ -325,7 +338,7 @@ class EngineClient(AsyncResource):
         progress = where.progress
         url, request_id = where.url, where.request_id
         length = stream.content_length
-        if length is not None:
+        if length is not None and on_chunk is None:
             if length > limit:
                 raise BodyTooLargeError(
                     f"body of {length} bytes (Content-Length) is over max_body_bytes={limit}:"
@@ -344,7 +357,7 @@ class EngineClient(AsyncResource):
             return owner, view
 
         chunks = await read_all_chunks(
-            stream, chunk_bytes, limit, progress, url=url, request_id=request_id
+            stream, chunk_bytes, limit, progress, url=url, request_id=request_id, on_chunk=on_chunk
         )
         total = progress.received
         if total == 0:
