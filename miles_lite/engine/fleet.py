@@ -192,7 +192,8 @@ class Fleet:
             await self._abort_stale(engine)
             engine.checking = False
             self.reported(engine, version)
-        elif engine.awaiting_version is not None:
+        elif engine.awaiting_version is not None and engine.url not in self._catching:
+            # (A catch-up running admits the engine itself, once its cache was flushed.)
             if version == engine.awaiting_version:
                 self.admit(engine, version)
             else:
