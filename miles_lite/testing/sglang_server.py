@@ -204,6 +204,8 @@ class SGLangServer(StartStop):
             "0.05",
             "--dtype",
             "float32",
+            # Without it the CPU scheduler spins a full core while idle (issue 33).
+            "--sleep-on-idle",
             *c.extra_args,
         ]
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from miles_lite.engine.smg import SMG_FLAGS
 from miles_lite.testing.errors import StandInError
 from miles_lite.testing.process import StartStop
 
@@ -36,21 +37,12 @@ __all__ = ["SmgRouter"]
 _POLL_S = 0.05
 #: Lines of the router log quoted in a start error.
 _TAIL_LINES = 30
-#: Flags for a router in front of stand-ins: one delivery per request, keys that stay
-#: put under load, engines registered and health-checked within a second or two.
+#: Flags for a router in front of stand-ins: what users run (:data:`SMG_FLAGS`, the one
+#: source) with engines health-checked every second instead of two.
 DEFAULT_FLAGS = (
-    "--disable-retries",
-    "--disable-worker-overload-protection",
-    "--worker-startup-check-interval",
+    *SMG_FLAGS[: SMG_FLAGS.index("--health-check-interval-secs") + 1],
     "1",
-    "--health-check-interval-secs",
-    "1",
-    "--health-failure-threshold",
-    "2",
-    "--health-success-threshold",
-    "1",
-    "--log-level",
-    "warn",
+    *SMG_FLAGS[SMG_FLAGS.index("--health-check-interval-secs") + 2 :],
 )
 
 
