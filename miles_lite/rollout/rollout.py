@@ -28,12 +28,7 @@ from miles_lite.rollout.groups import GroupSpec, make_groups
 from miles_lite.rollout.kind import RolloutKind
 from miles_lite.rollout.result import RolloutResult, warn_if_none_kept
 from miles_lite.rollout.scoring import Scorer
-from miles_lite.rollout.staleness import (
-    StalenessPolicy,
-    group_lag,
-    reset_stale_samples,
-    staleness_metrics,
-)
+from miles_lite.rollout.staleness import StalenessGate
 from miles_lite.rollout.startup import startup_step
 from miles_lite.rollout.stream import GroupStream
 from miles_lite.rollout.weights import WeightUpdateReport, update_weights
@@ -199,16 +194,15 @@ class Rollout:
         groups = self.make_groups(prompts, rollout_id)
         if self.journal is not None:
             self.journal.begin(groups, rollout_id)
+        versions = self.router.versions
         return GroupStream(
             self.driver,
             groups,
-            versions=self.router.versions,
             max_ahead=max_ahead,
             target=config.rollout_batch_size,
             batch_size=config.over_sampling_batch_size,
             rollout_id=rollout_id,
-            max_staleness=config.max_staleness,
-            policy=StalenessPolicy(config.staleness_policy),
+            gate=StalenessGate(versions, config.max_staleness, config.staleness_policy),
             engines=self.router.urls,
             journal=self.journal,
         )
@@ -274,29 +268,23 @@ class Rollout:
         await self.router.remove_engine(url, drain=drain)
 
     def _bound_staleness(self, result: RolloutResult) -> RolloutResult:
-        """Refuse the kept groups lagging more than ``max_staleness`` (see :meth:`run`)."""
-        limit = self.config.max_staleness
-        versions = self.router.versions
-        dropped = resumed = samples = 0
-        if limit is not None:
-            kept = []
-            for group in result.groups:
-                lag = group_lag(group, versions)
-                if lag is None or lag <= limit:
-                    kept.append(group)
-                elif StalenessPolicy(self.config.staleness_policy) is StalenessPolicy.DROP:
-                    result.filtered.append(group)
-                    result.filter_reasons.append("stale")
-                    dropped += 1
-                else:
-                    samples += reset_stale_samples(group, versions, limit)
-                    result.partial.append(group)
-                    resumed += 1
-            result.groups = kept
-            result.metrics["rollout/staleness_dropped_groups"] = float(dropped)
-            result.metrics["rollout/staleness_resumed_groups"] = float(resumed)
-            result.metrics["rollout/staleness_resumed_samples"] = float(samples)
-        result.metrics.update(staleness_metrics(result.groups, versions))
+        """Refuse the kept groups lagging more than ``max_staleness`` (see :meth:`run`),
+        by the same :class:`StalenessGate` a stream uses."""
+        gate = StalenessGate(
+            self.router.versions, self.config.max_staleness, self.config.staleness_policy
+        )
+        kept = []
+        for group in result.groups:
+            verdict = gate.check(group)
+            if verdict == "fresh":
+                kept.append(group)
+            elif verdict == "dropped":
+                result.filtered.append(group)
+                result.filter_reasons.append("stale")
+            else:
+                result.partial.append(group)
+        result.groups = kept
+        result.metrics.update(gate.metrics(kept))
         return result
 
 

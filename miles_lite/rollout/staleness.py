@@ -16,12 +16,15 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from miles_lite.engine.versions import WeightVersions
 from miles_lite.types import PrefixCacheInfo, Sample, SampleStatus
 
 __all__ = [
+    "StalenessGate",
     "StalenessPolicy",
+    "Verdict",
     "group_lag",
     "reset_stale_samples",
     "sample_lag",
@@ -115,3 +118,70 @@ def staleness_metrics(
     for version, count in tokens.items():
         metrics[f"rollout/tokens_per_version/{version}"] = float(count)
     return metrics
+
+
+#: What :meth:`StalenessGate.check` decides for a group.
+Verdict = Literal["fresh", "dropped", "resumed"]
+
+
+class StalenessGate:
+    """The one decision on stale groups, for :meth:`Rollout.run
+    <miles_lite.rollout.rollout.Rollout.run>` and :class:`GroupStream
+    <miles_lite.rollout.stream.GroupStream>` alike: a group lagging more than
+    ``max_staleness`` updates is never handed over; by ``policy`` it is dropped, or its
+    stale samples are reset to their prompts (:func:`reset_stale_samples`) so it is
+    generated again. Counts what it refused and the lags of what it let through, and
+    writes them as metrics (:meth:`metrics`). ``max_staleness=None``: every group passes.
+    """
+
+    __slots__ = (
+        "dropped",
+        "lags",
+        "max_staleness",
+        "policy",
+        "resumed",
+        "resumed_samples",
+        "versions",
+    )
+
+    def __init__(
+        self,
+        versions: WeightVersions,
+        max_staleness: int | None,
+        policy: StalenessPolicy | str = StalenessPolicy.DROP,
+    ) -> None:
+        self.versions = versions
+        self.max_staleness = max_staleness
+        self.policy = StalenessPolicy(policy)
+        self.dropped = 0
+        self.resumed = 0
+        self.resumed_samples = 0
+        self.lags: list[int] = []  # of the groups let through, when they were checked
+
+    def check(self, group: Sequence[Sample]) -> Verdict:
+        """``"fresh"`` (hand it over), ``"dropped"`` or ``"resumed"`` (its stale samples
+        were reset in place; start it again or return it as partial)."""
+        limit = self.max_staleness
+        lag = group_lag(group, self.versions)
+        if limit is None or lag is None or lag <= limit:
+            if lag is not None:
+                self.lags.append(lag)
+            return "fresh"
+        if self.policy is StalenessPolicy.DROP:
+            self.dropped += 1
+            return "dropped"
+        self.resumed += 1
+        self.resumed_samples += reset_stale_samples(group, self.versions, limit)
+        return "resumed"
+
+    def metrics(self, handed: Iterable[Sequence[Sample]]) -> dict[str, float]:
+        """``rollout/staleness_dropped_groups`` / ``_resumed_groups`` / ``_resumed_samples``
+        (only with a bound), and :func:`staleness_metrics` of the ``handed`` groups at the
+        lags they had when checked."""
+        metrics: dict[str, float] = {}
+        if self.max_staleness is not None:
+            metrics["rollout/staleness_dropped_groups"] = float(self.dropped)
+            metrics["rollout/staleness_resumed_groups"] = float(self.resumed)
+            metrics["rollout/staleness_resumed_samples"] = float(self.resumed_samples)
+        metrics.update(staleness_metrics(handed, self.versions, lags=self.lags))
+        return metrics

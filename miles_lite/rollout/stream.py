@@ -34,14 +34,8 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
-from miles_lite.engine.versions import WeightVersions
 from miles_lite.rollout.result import RolloutResult
-from miles_lite.rollout.staleness import (
-    StalenessPolicy,
-    group_lag,
-    reset_stale_samples,
-    staleness_metrics,
-)
+from miles_lite.rollout.staleness import StalenessGate
 from miles_lite.types import Sample
 
 if TYPE_CHECKING:
@@ -97,13 +91,11 @@ class GroupStream:
         driver: Driver,
         groups: list[list[Sample]],
         *,
-        versions: WeightVersions,
         max_ahead: int,
         target: int | None,
         batch_size: int | None,
         rollout_id: int,
-        max_staleness: int | None,
-        policy: StalenessPolicy,
+        gate: StalenessGate,
         engines: tuple[str, ...] = (),
         journal: RunRecorder | None = None,
     ) -> None:
@@ -111,13 +103,11 @@ class GroupStream:
         self._driver = driver
         self._engines = engines
         self._groups = groups
-        self._versions = versions
         self._max_ahead = max_ahead
         self._target = target
         self._batch_size = batch_size
         self._rollout_id = rollout_id
-        self._max_staleness = max_staleness
-        self._policy = StalenessPolicy(policy)
+        self._gate = gate
         self._stats = StreamStatistics()
         self._buffer: deque[tuple[int, list[Sample]]] = deque()
         self._released = 0  # groups no longer ahead: taken, dropped by a filter, refused
@@ -125,7 +115,6 @@ class GroupStream:
         self._changed = anyio.Event()
         self._done = False
         self._taken: list[list[Sample]] = []
-        self._lags: list[int] = []  # of the groups taken, when they were taken
         self._late: list[list[Sample]] = []  # resumed after the run ended: partial
         self._late_drops: list[list[Sample]] = []  # dropped after the run ended: filtered
         self._driver_result: RolloutResult | None = None
@@ -198,23 +187,19 @@ class GroupStream:
 
     def _fresh(self, index: int, group: list[Sample]) -> bool:
         """Whether ``group`` may go to the trainer; if not, it is dropped or resumed."""
-        limit = self._max_staleness
-        lag = group_lag(group, self._versions)
-        if limit is None or lag is None or lag <= limit:
-            if lag is not None:
-                self._lags.append(lag)
+        verdict = self._gate.check(group)
+        if verdict == "fresh":
             return True
         handle = self._handle
-        if self._policy is StalenessPolicy.DROP:
+        if verdict == "dropped":
             self._stats.dropped_stale += 1
             if handle is None or not handle.refuse(index, None, "stale"):
                 self._late_drops.append(group)
-            self._release()
-            return False
-        self._stats.resumed_stale += 1
-        self._stats.resumed_samples += reset_stale_samples(group, self._versions, limit)
-        if handle is None or not handle.refuse(index, group, "stale"):
-            self._late.append(group)
+        else:
+            self._stats.resumed_stale += 1
+            self._stats.resumed_samples = self._gate.resumed_samples
+            if handle is None or not handle.refuse(index, group, "stale"):
+                self._late.append(group)
         self._release()
         return False
 
@@ -285,11 +270,8 @@ class GroupStream:
         untaken = [g for g in run.groups if not any(id(s) in handled for s in g)]
         metrics = dict(run.metrics)
         metrics["rollout/prompts"] = float(len(self._groups))
-        metrics.update(staleness_metrics(self._taken, self._versions, lags=self._lags))
+        metrics.update(self._gate.metrics(self._taken))
         stats = self._stats
-        metrics["rollout/staleness_dropped_groups"] = float(stats.dropped_stale)
-        metrics["rollout/staleness_resumed_groups"] = float(stats.resumed_stale)
-        metrics["rollout/staleness_resumed_samples"] = float(stats.resumed_samples)
         metrics["rollout/stream_delivered_groups"] = float(stats.delivered)
         metrics["rollout/stream_max_ahead"] = float(stats.max_ahead_seen)
         metrics["rollout/stream_max_buffered"] = float(stats.max_buffered)

@@ -136,3 +136,38 @@ async def test_run_refuses_groups_the_weights_moved_past_during_it(
         again = await rollout.run(result.partial)
     assert {s.version for x in again.samples for s in x.weight_spans} == {"1"}
     assert len(again.groups) == 1
+
+
+@pytest.mark.parametrize("policy", [StalenessPolicy.DROP, StalenessPolicy.RESUME])
+def test_one_gate_decides_for_run_and_stream(policy: StalenessPolicy) -> None:
+    # Rollout.run() and GroupStream both hand each kept group to a StalenessGate: the
+    # same groups pass, are dropped or are reset, counted under the same metric keys.
+    from miles_lite.rollout.staleness import StalenessGate
+
+    versions = WeightVersions()
+    versions.base = "default"
+    for v in ("1", "2"):
+        versions.record(v, mode="retract", kept_kv=False)
+    groups = [
+        [made(0, ("2", 3)), made(1, ("2", 2))],  # lag 0
+        [made(2, ("1", 2), ("2", 2))],  # lag 1
+        [made(3, ("default", 3)), made(4, ("2", 1))],  # lag 2: stale past 1
+    ]
+    gate = StalenessGate(versions, 1, policy)
+    verdicts = [gate.check(g) for g in groups]
+    stale = "dropped" if policy is StalenessPolicy.DROP else "resumed"
+    assert verdicts == ["fresh", "fresh", stale]
+    metrics = gate.metrics(groups[:2])
+    assert gate.lags == [0, 1]
+    assert metrics["rollout/staleness_max"] == 1.0
+    if policy is StalenessPolicy.DROP:
+        assert metrics["rollout/staleness_dropped_groups"] == 1.0
+        assert groups[2][0].status is SampleStatus.COMPLETED  # a dropped group is untouched
+    else:
+        assert metrics["rollout/staleness_resumed_groups"] == 1.0
+        assert metrics["rollout/staleness_resumed_samples"] == 1.0  # only the stale sample
+        assert groups[2][0].status is SampleStatus.PENDING
+        assert groups[2][1].status is SampleStatus.COMPLETED
+    unbounded = StalenessGate(versions, None, policy)
+    assert [unbounded.check(g) for g in groups[:2]] == ["fresh", "fresh"]
+    assert "rollout/staleness_dropped_groups" not in unbounded.metrics(groups[:2])
