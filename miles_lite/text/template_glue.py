@@ -108,20 +108,6 @@ class TemplateGlue:
         self.glued += 1
         return text
 
-    def proven_text(
-        self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
-    ) -> str | None:
-        """The glued text when this shape's glue is already proven (no template work,
-        a few microseconds: fit for the event loop), else None."""
-        key = self._key(messages, template_kwargs)
-        if key is None or key not in self._proven:
-            return None
-        glue = self._glue.get(key)
-        if glue is None:
-            return None
-        self.glued += 1
-        return _joined(glue, messages)
-
     def _render(
         self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None
     ) -> str:

@@ -78,12 +78,6 @@ def _own_end_left_out(text: str, *, end_of_turn: str, turn_ended: bool) -> str:
     return text
 
 
-#: Appended contents up to this many characters are encoded on the loop once their shape's
-#: glue is proven. Measured on 2 loaded shared cores: encoding takes ~37 us at 60
-#: characters, ~290 at 1,024; a thread hop ~65 us of CPU plus the GIL hand-offs.
-INLINE_CHARS = 256
-
-
 async def ids_after_turn(
     ctx: TextContext,
     glue: TemplateGlue,
@@ -94,24 +88,22 @@ async def ids_after_turn(
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The ids of :func:`text_after_turn`'s text, templated through ``glue`` (cached per
-    role where proven, else the full render). A proven shape whose contents are short
-    (:data:`INLINE_CHARS`) is joined and encoded on the loop: tens of microseconds, less
-    than a thread hop costs; anything else takes one worker-thread call, template and
-    encoding together."""
+    role where proven, else the full render) and encoded in one worker-thread call.
+
+    Always off the loop, even when the glue is proven and the text short (encoding ~37 us
+    at 60 characters against a hop's ~65 us of CPU, on 2 loaded cores): encoding on the
+    loop saved 0.2-0.3 ms of CPU a turn at 64 light agents but raised the loop's lag p50
+    from 1-3 ms to 23-58 ms (a wave of turns then runs back to back on the loop)."""
     tokenizer = ctx.tokenizer
 
-    def encoded(text: str) -> list[int]:
-        text = _own_end_left_out(text, end_of_turn=end_of_turn, turn_ended=turn_ended)
+    def work() -> list[int]:
+        text = _own_end_left_out(
+            glue.text_after_turn(messages, template_kwargs),
+            end_of_turn=end_of_turn,
+            turn_ended=turn_ended,
+        )
         ids = tokenizer.encode(text, add_special_tokens=False)
         return ids if type(ids) is list else list(ids)
-
-    if sum(len(str(m.get("content") or "")) for m in messages) <= INLINE_CHARS:
-        text = glue.proven_text(messages, template_kwargs)
-        if text is not None:
-            return encoded(text)
-
-    def work() -> list[int]:
-        return encoded(glue.text_after_turn(messages, template_kwargs))
 
     return await ctx.off_loop(work)
 

@@ -174,18 +174,3 @@ def test_a_field_the_template_names_is_rendered_in_full() -> None:
     for _ in range(2):
         assert glue.text_after_turn(messages) == render_after_turn(tokenizer, messages)
     assert glue.glued == 0
-
-
-def test_proven_text_is_given_only_after_the_shape_is_proven(tokenizer: Any) -> None:
-    """What the session server joins on the loop: nothing until a full render proved the
-    shape's glue (no template work in proven_text), then the full render's text."""
-    glue = TemplateGlue(tokenizer)
-    messages = [{"role": "user", "content": "And now?"}]
-    assert glue.proven_text(messages) is None
-    assert glue.rendered == 0
-    glue.text_after_turn(messages)
-    later = [{"role": "user", "content": " Go on \n"}]
-    assert glue.proven_text(later) == render_after_turn(tokenizer, later)
-    assert glue.proven_text(later, {"enable_thinking": False}) is None  # another key
-    assert glue.proven_text([{"role": "user", "content": "x", "name": "bob"}]) is None
-    assert (glue.rendered, glue.glued) == (3, 1)
