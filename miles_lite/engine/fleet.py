@@ -190,8 +190,12 @@ class Fleet:
         if engine.checking:
             self._count("checked")
             await self._abort_stale(engine)
-            engine.checking = False
-            self.reported(engine, version)
+            current = self._versions.current
+            if current is None or version == current:
+                self.admit(engine, version)  # clears checking, counts the readmission
+            else:
+                engine.checking = False
+                self.fence(engine, current, f"it came back reporting weight version {version!r}")
         elif engine.awaiting_version is not None and engine.url not in self._catching:
             # (A catch-up running admits the engine itself, once its cache was flushed.)
             if version == engine.awaiting_version:
