@@ -10,90 +10,41 @@ so ``miles-lite --help`` answers at once; ``from miles_lite import TextRollout``
 what the text rollout needs (torch, transformers, aiohttp) then.
 """
 
-import typing
-
 from miles_lite._core.lazy import lazy_exports as _lazy_exports
 from miles_lite._core.notebook import quiet_tqdm_auto as _quiet_tqdm_auto
-from miles_lite._core.run_sync import run_sync
-from miles_lite.errors import (
-    CodecError,
-    ConfigError,
-    EngineError,
-    GenerateError,
-    MilesLiteError,
-    RewardError,
-    WorkerError,
-)
-
-if typing.TYPE_CHECKING:
-    from miles_lite.agentic.agent import AgentGenerate
-    from miles_lite.diffusion.config import DiffusionRolloutConfig, DiffusionSamplingParams
-    from miles_lite.diffusion.rollout import DiffusionRollout
-    from miles_lite.engine.config import EngineConfig
-    from miles_lite.rollout.filters import (
-        FilterResult,
-        drop_aborted,
-        drop_failed,
-        drop_zero_std,
-    )
-    from miles_lite.rollout.groups import PromptGroup
-    from miles_lite.rollout.result import RolloutResult
-    from miles_lite.sglang.sampling import TextSamplingParams
-    from miles_lite.text.config import TextRolloutConfig
-    from miles_lite.text.rollout import TextRollout
-    from miles_lite.types import Sample, SampleStatus
 
 _quiet_tqdm_auto()  # before transformers imports tqdm.auto (it warns once, in a kernel)
 
 # Imported when first used: a worker process that imports one light module of the
 # package (a parser worker: codecs, page table, HTTP) must not import torch with it.
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "miles_lite.agentic.agent": ["AgentGenerate"],
-        "miles_lite.diffusion.config": ["DiffusionRolloutConfig", "DiffusionSamplingParams"],
-        "miles_lite.diffusion.rollout": ["DiffusionRollout"],
-        "miles_lite.engine.config": ["EngineConfig"],
-        "miles_lite.rollout.filters": [
-            "FilterResult",
-            "drop_aborted",
-            "drop_failed",
-            "drop_zero_std",
-        ],
-        "miles_lite.rollout.groups": ["PromptGroup"],
-        "miles_lite.rollout.result": ["RolloutResult"],
-        "miles_lite.sglang.sampling": ["TextSamplingParams"],
-        "miles_lite.text.config": ["TextRolloutConfig"],
-        "miles_lite.text.rollout": ["TextRollout"],
-        "miles_lite.types": ["Sample", "SampleStatus"],
-    },
-)
+_EXPORTS: dict[str, list[str]] = {
+    "miles_lite._core.run_sync": ["run_sync"],
+    "miles_lite.errors": [
+        "CodecError",
+        "ConfigError",
+        "EngineError",
+        "GenerateError",
+        "MilesLiteError",
+        "RewardError",
+        "WorkerError",
+    ],
+    "miles_lite.agentic.agent": ["AgentGenerate"],
+    "miles_lite.diffusion.config": ["DiffusionRolloutConfig", "DiffusionSamplingParams"],
+    "miles_lite.diffusion.rollout": ["DiffusionRollout"],
+    "miles_lite.engine.config": ["EngineConfig"],
+    "miles_lite.rollout.filters": [
+        "FilterResult",
+        "drop_aborted",
+        "drop_failed",
+        "drop_zero_std",
+    ],
+    "miles_lite.rollout.groups": ["PromptGroup"],
+    "miles_lite.rollout.result": ["RolloutResult"],
+    "miles_lite.sglang.sampling": ["TextSamplingParams"],
+    "miles_lite.text.config": ["TextRolloutConfig"],
+    "miles_lite.text.rollout": ["TextRollout"],
+    "miles_lite.types": ["Sample", "SampleStatus"],
+}
+__getattr__, __dir__, __all__ = _lazy_exports(__name__, _EXPORTS)
 
 __version__ = "0.1.0"
-
-__all__ = [
-    "AgentGenerate",
-    "CodecError",
-    "ConfigError",
-    "DiffusionRollout",
-    "DiffusionRolloutConfig",
-    "DiffusionSamplingParams",
-    "EngineConfig",
-    "EngineError",
-    "FilterResult",
-    "GenerateError",
-    "MilesLiteError",
-    "PromptGroup",
-    "RewardError",
-    "RolloutResult",
-    "Sample",
-    "SampleStatus",
-    "TextRollout",
-    "TextRolloutConfig",
-    "TextSamplingParams",
-    "WorkerError",
-    "drop_aborted",
-    "drop_failed",
-    "drop_zero_std",
-    "run_sync",
-]

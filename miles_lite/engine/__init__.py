@@ -17,181 +17,72 @@ Usage::
             raw = await router.post("/generate", payload, request_id=rid)
 """
 
-import typing
-
 from miles_lite._core.lazy import lazy_exports as _lazy_exports
-
-if typing.TYPE_CHECKING:
-    from miles_lite.engine.balancer import (
-        EngineState,
-    )
-    from miles_lite.engine.cache_control import (
-        flush_cache,
-        plant_cache_canary,
-        probe_cache_canary,
-    )
-    from miles_lite.engine.config import (
-        EngineClientConfig,
-        EngineConfig,
-        RetryPolicy,
-        RouterConfig,
-        SmgConfig,
-    )
-    from miles_lite.engine.control import (
-        AbortReport,
-        ControlReport,
-        EngineAbort,
-        EngineOutcome,
-        abort_request,
-        abort_requests,
-        continue_generation,
-        pause_generation,
-        read_weight_versions,
-        update_weight_version,
-        update_weights_from_disk,
-    )
-    from miles_lite.engine.http.aiohttp_transport import (
-        AiohttpTransport,
-    )
-    from miles_lite.engine.http.client import (
-        EngineClient,
-        EngineClientStatistics,
-    )
-    from miles_lite.engine.http.mock import (
-        MockFailure,
-        MockResponse,
-        MockTransport,
-    )
-    from miles_lite.engine.http.response import (
-        BodyAllocator,
-        BodyBuffer,
-        FreshBuffer,
-        RawResponse,
-        allocate_fresh,
-    )
-    from miles_lite.engine.http.transport import (
-        AsyncTransport,
-    )
-    from miles_lite.engine.router import (
-        Router,
-        RouterStatistics,
-    )
-    from miles_lite.engine.smg import (
-        SmgWorker,
-        smg_launch_args,
-    )
-    from miles_lite.engine.versions import (
-        VersionRecord,
-        WeightVersions,
-    )
 
 # Imported when first used: parser workers import the blocking exchange of
 # fetch_in_parser (engine.http.blocking) and need neither aiohttp nor the router.
-__getattr__, __dir__ = _lazy_exports(
-    __name__,
-    {
-        "miles_lite.engine.balancer": [
-            "EngineState",
-        ],
-        "miles_lite.engine.cache_control": [
-            "flush_cache",
-            "plant_cache_canary",
-            "probe_cache_canary",
-        ],
-        "miles_lite.engine.http.client": [
-            "EngineClient",
-            "EngineClientStatistics",
-        ],
-        "miles_lite.engine.config": [
-            "EngineClientConfig",
-            "EngineConfig",
-            "RetryPolicy",
-            "RouterConfig",
-            "SmgConfig",
-        ],
-        "miles_lite.engine.control": [
-            "AbortReport",
-            "ControlReport",
-            "EngineAbort",
-            "EngineOutcome",
-            "abort_request",
-            "abort_requests",
-            "continue_generation",
-            "pause_generation",
-            "read_weight_versions",
-            "update_weight_version",
-            "update_weights_from_disk",
-        ],
-        "miles_lite.engine.http.response": [
-            "BodyAllocator",
-            "BodyBuffer",
-            "FreshBuffer",
-            "RawResponse",
-            "allocate_fresh",
-        ],
-        "miles_lite.engine.router": [
-            "Router",
-            "RouterStatistics",
-        ],
-        "miles_lite.engine.smg": [
-            "SmgWorker",
-            "smg_launch_args",
-        ],
-        "miles_lite.engine.http.aiohttp_transport": [
-            "AiohttpTransport",
-        ],
-        "miles_lite.engine.http.mock": [
-            "MockFailure",
-            "MockResponse",
-            "MockTransport",
-        ],
-        "miles_lite.engine.http.transport": [
-            "AsyncTransport",
-        ],
-        "miles_lite.engine.versions": [
-            "VersionRecord",
-            "WeightVersions",
-        ],
-    },
-)
-
-__all__ = [
-    "AbortReport",
-    "AiohttpTransport",
-    "AsyncTransport",
-    "BodyAllocator",
-    "BodyBuffer",
-    "ControlReport",
-    "EngineAbort",
-    "EngineClient",
-    "EngineClientConfig",
-    "EngineClientStatistics",
-    "EngineConfig",
-    "EngineOutcome",
-    "EngineState",
-    "FreshBuffer",
-    "MockFailure",
-    "MockResponse",
-    "MockTransport",
-    "RawResponse",
-    "RetryPolicy",
-    "Router",
-    "RouterConfig",
-    "RouterStatistics",
-    "SmgConfig",
-    "SmgWorker",
-    "VersionRecord",
-    "WeightVersions",
-    "abort_request",
-    "abort_requests",
-    "allocate_fresh",
-    "continue_generation",
-    "flush_cache",
-    "pause_generation",
-    "plant_cache_canary",
-    "probe_cache_canary",
-    "read_weight_versions",
-    "smg_launch_args",
-    "update_weight_version",
-    "update_weights_from_disk",
-]
+_EXPORTS: dict[str, list[str]] = {
+    "miles_lite.engine.balancer": [
+        "EngineState",
+    ],
+    "miles_lite.engine.cache_control": [
+        "flush_cache",
+        "plant_cache_canary",
+        "probe_cache_canary",
+    ],
+    "miles_lite.engine.http.client": [
+        "EngineClient",
+        "EngineClientStatistics",
+    ],
+    "miles_lite.engine.config": [
+        "EngineClientConfig",
+        "EngineConfig",
+        "RetryPolicy",
+        "RouterConfig",
+        "SmgConfig",
+    ],
+    "miles_lite.engine.control": [
+        "AbortReport",
+        "ControlReport",
+        "EngineAbort",
+        "EngineOutcome",
+        "abort_request",
+        "abort_requests",
+        "continue_generation",
+        "pause_generation",
+        "read_weight_versions",
+        "update_weight_version",
+        "update_weights_from_disk",
+    ],
+    "miles_lite.engine.http.response": [
+        "BodyAllocator",
+        "BodyBuffer",
+        "FreshBuffer",
+        "RawResponse",
+        "allocate_fresh",
+    ],
+    "miles_lite.engine.router": [
+        "Router",
+        "RouterStatistics",
+    ],
+    "miles_lite.engine.smg": [
+        "SmgWorker",
+        "smg_launch_args",
+    ],
+    "miles_lite.engine.http.aiohttp_transport": [
+        "AiohttpTransport",
+    ],
+    "miles_lite.engine.http.mock": [
+        "MockFailure",
+        "MockResponse",
+        "MockTransport",
+    ],
+    "miles_lite.engine.http.transport": [
+        "AsyncTransport",
+    ],
+    "miles_lite.engine.versions": [
+        "VersionRecord",
+        "WeightVersions",
+    ],
+}
+__getattr__, __dir__, __all__ = _lazy_exports(__name__, _EXPORTS)
