@@ -75,6 +75,8 @@ class JournalConfig:
       streams and the output so far is recorded each time this many more tokens came
       (ids, log-probs, weight version), so a sample in flight at a crash resumes from
       its last recorded token (``None``: samples are recorded when their call ends).
+      The built-in single-turn generate function only (multi-turn and custom ones are
+      recorded when their call ends), one output per request (``n`` 1).
 
     Usage: ``Journal("run.db", JournalConfig(max_bytes=2**30))``.
     """

@@ -22,7 +22,9 @@ from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.spans import UnitSpan
 from miles_lite.sglang.generate_wire import GenerateAnswer
+from miles_lite.text.kind import TextKind
 from miles_lite.text.request import TOKEN_SINK, apply_answer
+from miles_lite.text.single_turn import generate as single_turn
 from miles_lite.training.journal import GROUP_KEY, Journal
 from miles_lite.training.reader import ResumeState
 from miles_lite.types import Sample
@@ -124,6 +126,8 @@ class JournaledKind:
         self.kind = kind
         self.journal = journal
         self.drain_on_stop = kind.drain_on_stop
+        # Streamed progress resumes through single_turn's partial-rollout path only.
+        self.streams = isinstance(kind, TextKind) and kind.generate_fn is single_turn
 
     def units(self, group: list[Sample]) -> list[list[Sample]]:
         return self.kind.units(group)
@@ -139,7 +143,7 @@ class JournaledKind:
             known = unit[0].metadata.get(GROUP_KEY)
             gid = known if isinstance(known, int) else gid
         every = recorder.journal.config.stream_tokens_every
-        if every is not None and gid is not None and len(unit) == 1:
+        if every is not None and self.streams and gid is not None and len(unit) == 1:
             sink = _ProgressSink(recorder.journal, gid, places[0][1], attempt, unit[0], every)
             token = TOKEN_SINK.set(sink)
             try:
