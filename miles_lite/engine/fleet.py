@@ -114,7 +114,8 @@ class Fleet:
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._tg: anyio.abc.TaskGroup | None = None
-        self._catching: set[str] = set()
+        self._catching: set[str] = set()  # catch-up tasks running
+        self._updating: set[str] = set()  # of those, pushing weights right now
         self._counts: dict[str, int] = dict.fromkeys(FleetStatistics.__slots__, 0)
         #: The last successful update's source; None before any.
         self.source: WeightSource | None = None
@@ -196,8 +197,10 @@ class Fleet:
             else:
                 engine.checking = False
                 self.fence(engine, current, f"it came back reporting weight version {version!r}")
-        elif engine.awaiting_version is not None and engine.url not in self._catching:
-            # (A catch-up running admits the engine itself, once its cache was flushed.)
+        elif engine.awaiting_version is not None and engine.url not in self._updating:
+            # (A catch-up pushing weights admits the engine itself, once its cache was
+            # flushed; between its tries, an engine brought up to date some other way
+            # comes back here, and the catch-up ends.)
             if version == engine.awaiting_version:
                 self.admit(engine, version)
             else:
@@ -259,7 +262,11 @@ class Fleet:
                 and not engine.draining
             ):
                 if engine.healthy:
-                    version, why = await self._update_one(engine, source)
+                    self._updating.add(engine.url)
+                    try:
+                        version, why = await self._update_one(engine, source)
+                    finally:
+                        self._updating.discard(engine.url)
                     if version == source.version:
                         self._count("catch_ups")
                         _log.info("engine %s caught up to %r", engine.url, version)
