@@ -54,7 +54,8 @@ async def test_a_sample_in_flight_at_a_crash_resumes_from_its_last_streamed_toke
     assert len(resumed) == 4
     kept = [s.response_length for s in resumed]
     assert all(s.status is SampleStatus.ABORTED and s.status_reason == "in_flight" for s in resumed)
-    assert all(8 <= n < answer and n % 8 == 0 for n in kept)
+    # Chunks hold 1 token, then 8 more each (as SGLang's): records at 9, 17, ...
+    assert all(9 <= n < answer and n % 8 == 1 for n in kept)
     for s in resumed:
         assert len(s.rollout_log_probs) == s.response_length == sum(s.loss_mask)
         assert all(lp <= 0.0 for lp in s.rollout_log_probs)

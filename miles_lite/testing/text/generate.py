@@ -242,8 +242,10 @@ class GenerateEndpoint:
         body: dict[str, Any],
     ) -> web.StreamResponse:
         # Cumulative chunks as tokens are made (captures/gen_stream.txt): an abort
-        # mid-stream ends it with the partial output and finish type abort.
+        # mid-stream ends it with the partial output and finish type abort. As SGLang's,
+        # the first chunk holds the first token, then one chunk every stream_interval.
         prompt, call = job
+        interval = params.get("stream_interval") or 1
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         final: dict[str, Any] = {}
@@ -259,7 +261,7 @@ class GenerateEndpoint:
             while not final:
                 progress = call.progress
                 assert progress is not None  # a streaming call
-                if len(call.out) > sent:
+                if len(call.out) > sent and (sent == 0 or len(call.out) - sent >= interval):
                     sent = len(call.out)
                     chunk = self.answer(
                         prompt,
