@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from miles_lite._core.validate import check_int, check_seconds, check_type
 from miles_lite.errors import ConfigError
@@ -120,3 +122,42 @@ class SessionServerStatistics:
     aborted_answers: int
     disconnect_aborts: int
     timeout_aborts: int
+
+
+#: The counters a :class:`~miles_lite.agentic.http_io.Refused` answer may count in.
+RefusalCounter = Literal[
+    "refused", "unauthorized", "too_large", "not_found", "conflicts", "engine_errors"
+]
+
+
+@dataclass(slots=True, kw_only=True)
+class SessionCounters:
+    """The running counts of a :class:`SessionServer`, one record its edge, token-in half
+    and forwarder add to (a misspelled counter is an ``AttributeError``, not a new key);
+    :meth:`snapshot` is what ``statistics()`` returns. Fields as in
+    :class:`SessionServerStatistics`."""
+
+    opened: int = 0
+    closed: int = 0
+    expired: int = 0
+    requests: int = 0
+    recorded: int = 0
+    token_in_turns: int = 0
+    templated_turns: int = 0
+    engine_errors: int = 0
+    conflicts: int = 0
+    not_found: int = 0
+    refused: int = 0
+    unauthorized: int = 0
+    too_large: int = 0
+    aborted_answers: int = 0
+    disconnect_aborts: int = 0
+    timeout_aborts: int = 0
+
+    def count_refusal(self, counter: RefusalCounter) -> None:
+        """One more in the counter a refused request names."""
+        setattr(self, counter, getattr(self, counter) + 1)
+
+    def snapshot(self, open_sessions: int) -> SessionServerStatistics:
+        """The counts now, with the number of sessions open."""
+        return SessionServerStatistics(open_sessions=open_sessions, **dataclasses.asdict(self))

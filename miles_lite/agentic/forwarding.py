@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from miles_lite._core import json as _json
-from miles_lite.agentic.config import SessionServerConfig
+from miles_lite.agentic.config import SessionCounters, SessionServerConfig
 from miles_lite.agentic.http_io import Refused, refuse
 from miles_lite.agentic.openai_wire import abort_answer, passthrough
 from miles_lite.agentic.registry import SessionState
@@ -43,7 +43,7 @@ class Forwarder:
         config: SessionServerConfig,
         sampling: dict[str, Any],
         token_in: TokenIn,
-        counts: dict[str, int],
+        counts: SessionCounters,
     ) -> None:
         self._context = context
         self._config = config
@@ -56,7 +56,7 @@ class Forwarder:
         the session may no longer send), and whether it is large (encode it off the
         loop). Records the turn. Raises :class:`Refused` with the answer to give."""
         if session.stopping:
-            self._counts["aborted_answers"] += 1
+            self._counts.aborted_answers += 1
             return abort_answer(self._model(body)), False
         rid = new_rid()
         try:
@@ -66,7 +66,7 @@ class Forwarder:
         sent = await self._token_in.prompt_ids(session, body, payload)
         forwarded = await self.forward(session, payload, rid)
         if forwarded is None:  # the run stopped while the turn waited for an engine slot
-            self._counts["aborted_answers"] += 1
+            self._counts.aborted_answers += 1
             return abort_answer(self._model(body)), False
         answer, send = forwarded
         url = send.url or ""
@@ -128,11 +128,11 @@ class Forwarder:
         except EngineError as exc:
             session.engine_errors += 1
             if send.aborted == "failed":  # it reached the engine (a timeout, a reset)
-                self._counts["timeout_aborts"] += 1
+                self._counts.timeout_aborts += 1
             raise refuse(502, f"engine failed: {exc}", "engine_errors", "upstream_error") from exc
         finally:
             if send.aborted == "cancelled":  # the agent went away (or was cancelled)
-                self._counts["disconnect_aborts"] += 1
+                self._counts.disconnect_aborts += 1
         if raw is None:
             return None
         url = send.url

@@ -10,6 +10,7 @@ import anyio
 from aiohttp import web
 
 from miles_lite._core import json as _json
+from miles_lite.agentic.config import RefusalCounter
 from miles_lite.agentic.messages_wire import messages_error
 from miles_lite.agentic.openai_wire import as_chunk, error_response, too_large
 
@@ -23,7 +24,7 @@ class Refused(Exception):
     """An answer that ends a request early (an error for the agent, an abort), and the
     name of the server's counter it counts in (``None``: counted elsewhere)."""
 
-    def __init__(self, response: web.StreamResponse, counter: str | None) -> None:
+    def __init__(self, response: web.StreamResponse, counter: RefusalCounter | None) -> None:
         super().__init__(response.status)
         self.response = response
         self.counter = counter
@@ -32,7 +33,7 @@ class Refused(Exception):
 def refuse(
     status: int,
     message: str,
-    counter: str,
+    counter: RefusalCounter,
     kind: str = "invalid_request_error",
     param: str | None = None,
 ) -> Refused:

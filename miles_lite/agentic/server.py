@@ -44,6 +44,7 @@ from miles_lite._core.serve import serve_app
 from miles_lite.agentic.config import (
     LOOPBACK_HOSTS,
     Session,
+    SessionCounters,
     SessionServerConfig,
     SessionServerStatistics,
 )
@@ -114,27 +115,7 @@ class SessionServer(AsyncResource):
         self._sessions = self._registry.sessions
         self._url = ""
         self._stack: AsyncExitStack | None = None
-        self._counts = dict.fromkeys(
-            (
-                "opened",
-                "closed",
-                "expired",
-                "requests",
-                "recorded",
-                "token_in_turns",
-                "templated_turns",
-                "engine_errors",
-                "conflicts",
-                "not_found",
-                "refused",
-                "unauthorized",
-                "too_large",
-                "aborted_answers",
-                "disconnect_aborts",
-                "timeout_aborts",
-            ),
-            0,
-        )
+        self._counts = SessionCounters()
         self._token_in = TokenIn(context, self._config, self._counts)
         self._forwarder = Forwarder(
             context, self._config, self._sampling, self._token_in, self._counts
@@ -209,7 +190,7 @@ class SessionServer(AsyncResource):
             for session in [s for s in self._sessions.values() if s.last_used < cutoff]:
                 if not session.busy:
                     self._drop(session)
-                    self._counts["expired"] += 1
+                    self._counts.expired += 1
 
     # -- library API -------------------------------------------------------------------------
 
@@ -219,7 +200,7 @@ class SessionServer(AsyncResource):
         answered at once with ``finish_reason`` ``abort``."""
         self._check_open()
         session = self._registry.open(run)
-        self._counts["opened"] += 1
+        self._counts.opened += 1
         return self._registry.public(session, self._url)
 
     async def close_session(self, session_id: str) -> list[TurnRecord]:
@@ -232,7 +213,7 @@ class SessionServer(AsyncResource):
         if session is None:
             raise SessionError(f"session {session_id!r} is unknown, expired or already closed")
         self._drop(session)
-        self._counts["closed"] += 1
+        self._counts.closed += 1
         await self._abort_turn(session)
         return list(session.records)
 
@@ -261,7 +242,7 @@ class SessionServer(AsyncResource):
 
     def statistics(self) -> SessionServerStatistics:
         """A snapshot of the server's counters."""
-        return SessionServerStatistics(open_sessions=len(self._sessions), **self._counts)
+        return self._counts.snapshot(len(self._sessions))
 
     def _drop(self, session: SessionState) -> None:
         self._registry.drop(session)
@@ -289,7 +270,7 @@ class SessionServer(AsyncResource):
             response: web.StreamResponse = await handler(request)
         except Refused as refused:
             if refused.counter is not None:
-                self._counts[refused.counter] += 1
+                self._counts.count_refusal(refused.counter)
             return refused.response
         return response
 
@@ -401,7 +382,7 @@ class SessionServer(AsyncResource):
             )
         session.busy = True
         session.last_used = time.monotonic()
-        self._counts["requests"] += 1
+        self._counts.requests += 1
         try:
             return await (serve or self._serve)(request, session, body)
         finally:

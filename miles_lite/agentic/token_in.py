@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from miles_lite.agentic.config import SessionServerConfig
+from miles_lite.agentic.config import SessionCounters, SessionServerConfig
 from miles_lite.agentic.http_io import refuse
 from miles_lite.agentic.registry import SessionState
 from miles_lite.agentic.turns import Trajectory, appended_messages, prefix_len, render_key
@@ -30,7 +30,7 @@ class TokenIn:
     in one worker-thread call a turn."""
 
     def __init__(
-        self, context: TextContext, config: SessionServerConfig, counts: dict[str, int]
+        self, context: TextContext, config: SessionServerConfig, counts: SessionCounters
     ) -> None:
         self._context = context
         self._config = config
@@ -49,13 +49,13 @@ class TokenIn:
         engine is to template the messages (a first turn, or a rewritten history)."""
         trajectory = session.trajectory
         if not self._config.token_in or trajectory is None:
-            self._counts["templated_turns"] += 1
+            self._counts.templated_turns += 1
             return None
         appended = None
         if render_key(body) == trajectory.render_key:
             appended = appended_messages(trajectory.messages, trajectory.answer, body["messages"])
         if appended is None:
-            self._counts["templated_turns"] += 1
+            self._counts.templated_turns += 1
             return None
         kwargs = body.get("chat_template_kwargs")
         try:
@@ -73,7 +73,7 @@ class TokenIn:
             ) from exc
         ids = [*trajectory.ids, *tail]
         payload["input_ids"] = ids
-        self._counts["token_in_turns"] += 1
+        self._counts.token_in_turns += 1
         return ids
 
     def record(
@@ -91,7 +91,7 @@ class TokenIn:
         session.records.append(
             dataclasses.replace(record, prompt_ids=prompt[kept:], prefix_len=kept)
         )
-        self._counts["recorded"] += 1
+        self._counts.recorded += 1
         message = answer["choices"][0].get("message")
         session.trajectory = Trajectory(
             ids=[*prompt, *output],
