@@ -248,6 +248,11 @@ class RouterConfig:
     #: weights need more (``600.0``); ``None`` does not wait (leases then wait for a
     #: healthy engine up to ``wait_timeout_s``).
     ready_timeout_s: float | None = 5.0
+    #: Failed catch-up tries of one engine from one update's source (with backoff
+    #: between them) before the fleet gives up: the engine then stays out of rotation
+    #: (logged, counted ``catch_up_gave_up``) until the next update, or until it comes
+    #: back from a death or hang (which gives it as many tries again).
+    max_catch_up_tries: int = 8
 
     def __post_init__(self) -> None:
         owner = "RouterConfig"
@@ -255,7 +260,12 @@ class RouterConfig:
         check_seconds(owner, "ready_timeout_s", self.ready_timeout_s, optional=True)
         for name in ("health_interval_s", "health_timeout_s", "wait_timeout_s"):
             check_seconds(owner, name, getattr(self, name))
-        for name in ("failure_threshold", "max_sticky_keys", "max_inflight_per_engine"):
+        for name in (
+            "failure_threshold",
+            "max_sticky_keys",
+            "max_inflight_per_engine",
+            "max_catch_up_tries",
+        ):
             check_int(owner, name, getattr(self, name))
         if self.smg is not None:
             check_type(owner, "smg", self.smg, SmgConfig)

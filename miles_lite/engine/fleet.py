@@ -76,7 +76,9 @@ class FleetStatistics:
     ``fenced``: engines taken out of rotation for their weight version; ``checked``:
     returns (or joins) checked; ``readmitted``: engines let back at the current version;
     ``catch_ups`` / ``catch_up_failures``: catch-up updates that brought an engine to the
-    current version / that did not; ``stale_aborts``: rids aborted at an engine that
+    current version / that did not; ``catch_up_gave_up``: catch-ups given up after
+    ``RouterConfig.max_catch_up_tries`` failed tries from one source (the engine stays
+    out until the next update or its next return); ``stale_aborts``: rids aborted at an engine that
     came back; ``joined`` / ``removed``: engines added / forgotten; ``aborted_on_remove``:
     removals without drain.
     """
@@ -90,6 +92,15 @@ class FleetStatistics:
     joined: int = 0
     removed: int = 0
     aborted_on_remove: int = 0
+    catch_up_gave_up: int = 0
+
+    def metrics_since(self, before: FleetStatistics) -> dict[str, float]:
+        """The transitions since ``before`` as rollout metrics: ``fleet/<count>`` for
+        each count (0 included), the delta over a run."""
+        return {
+            f"fleet/{name}": float(getattr(self, name) - getattr(before, name))
+            for name in FleetStatistics.__slots__
+        }
 
 
 class Fleet:
@@ -116,6 +127,8 @@ class Fleet:
         self._tg: anyio.abc.TaskGroup | None = None
         self._catching: set[str] = set()  # catch-up tasks running
         self._updating: set[str] = set()  # of those, pushing weights right now
+        #: Engines whose catch-up from a source was given up (the source's version).
+        self._gave_up: dict[str, WeightSource] = {}
         self._counts: dict[str, int] = dict.fromkeys(FleetStatistics.__slots__, 0)
         #: The last successful update's source; None before any.
         self.source: WeightSource | None = None
@@ -190,6 +203,7 @@ class Fleet:
             return version  # it must say its version before it serves again
         if engine.checking:
             self._count("checked")
+            self._gave_up.pop(engine.url, None)  # back from a death or hang: tries anew
             await self._abort_stale(engine)
             current = self._versions.current
             if current is None or version == current:
@@ -238,6 +252,8 @@ class Fleet:
         source = self.source
         if self._tg is None or engine.url in self._catching:
             return
+        if source is not None and self._gave_up.get(engine.url) is source:
+            return  # given up on this source: the next update or return tries again
         if source is None or source.path is None or source.version != engine.awaiting_version:
             if source is not None and source.path is None:
                 _log.warning(
@@ -254,6 +270,8 @@ class Fleet:
         """Update ``engine`` from ``source`` until it reports its version (backoff between
         tries), as long as that is still the version it awaits."""
         delay = self._backoff_s
+        tries = self._balancer.config.max_catch_up_tries
+        failed = 0
         try:
             while (
                 engine.awaiting_version == source.version
@@ -273,6 +291,21 @@ class Fleet:
                         self.admit(engine, version)
                         return
                     self._count("catch_up_failures")
+                    failed += 1
+                    if failed >= tries:
+                        self._gave_up[engine.url] = source
+                        self._count("catch_up_gave_up")
+                        _log.error(
+                            "catch-up of engine %s to %r from %s gave up after %d failed"
+                            " tries (last: %s): it stays out of rotation until the next"
+                            " update or its next return",
+                            engine.url,
+                            source.version,
+                            source.path,
+                            failed,
+                            why,
+                        )
+                        return
                     _log.warning(
                         "catch-up of engine %s to %r from %s failed (%s); again in %g s",
                         engine.url,
@@ -353,4 +386,5 @@ class Fleet:
         while engine.in_flight:
             await self._balancer.changed()
         self._balancer.drop(engine)
+        self._gave_up.pop(engine.url, None)
         self._count("removed")

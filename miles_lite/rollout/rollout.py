@@ -142,6 +142,7 @@ class Rollout:
             _log.warning("run() got no prompts: the result is empty (rollout/prompts = 0)")
         if self.journal is not None:
             self.journal.begin(groups, rollout_id)
+        fleet_before = self.router.statistics().fleet
         result = await self.driver.run(
             groups,
             target=self.config.rollout_batch_size,
@@ -149,6 +150,8 @@ class Rollout:
             rollout_id=rollout_id,
         )
         result.metrics["rollout/prompts"] = float(len(groups))
+        # The fleet's transitions during the run (fenced, catch_ups, ...: fleet/<count>).
+        result.metrics.update(self.router.statistics().fleet.metrics_since(fleet_before))
         result.engines = self.router.urls
         result.target = self.config.rollout_batch_size
         result = self._bound_staleness(result)
