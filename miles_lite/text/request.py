@@ -25,7 +25,7 @@ from miles_lite.sglang.generate_stream import (
 )
 from miles_lite.sglang.generate_wire import GENERATE_PATH, GenerateAnswer, decode_generate_answer
 from miles_lite.text.context import TextContext
-from miles_lite.types import Sample
+from miles_lite.types import Sample, WeightSpan
 
 __all__ = ["TOKEN_SINK", "TokenSink", "append_env_tokens", "apply_answer", "post_generate"]
 
@@ -109,14 +109,21 @@ class _Generate(Send[RawResponse, GenerateAnswer]):
 class _StreamedGenerate(_Generate):
     """A ``/generate`` that streams (``stream: true``): each chunk is checked as it comes
     and the output so far goes to ``sink`` once ``sink.every_tokens`` more tokens came;
-    the answer is the last chunk, checked as a whole answer is."""
+    the answer is the last chunk, checked as a whole answer is.
 
-    __slots__ = ("events", "sent", "sink")
+    SGLang's chunks before the last name only the current weight version
+    (``weight_version``), so the output so far gets the spans of the versions its chunks
+    named, each chunk's new tokens under its own (a chunk that straddles an update is put
+    under the newer version: at most its tokens, fewer than ``every_tokens``, are
+    mislabelled until the last chunk's spans replace them)."""
+
+    __slots__ = ("events", "seen", "sent", "sink", "spans")
     sink: TokenSink
 
     def request(self, url: str) -> Awaitable[RawResponse]:
         self.events = StreamEvents()  # a new attempt starts a new stream
-        self.sent = 0
+        self.sent = self.seen = 0
+        self.spans: list[WeightSpan] = []
         return self.router.client.post(
             url,
             GENERATE_PATH,
@@ -134,11 +141,19 @@ class _StreamedGenerate(_Generate):
         partial = parse_stream_chunk(
             payloads[-1], rid=self.rid, url=self.url, vocab_size=self.vocab_size
         )
-        if (
-            partial.finish_reason == "abort"
-            and len(partial.ids) - self.sent >= self.sink.every_tokens
-        ):
-            self.sent = len(partial.ids)
+        n = len(partial.ids)
+        if n > self.seen and partial.weight_spans:
+            version = partial.weight_spans[-1].version
+            spans = self.spans
+            if spans and spans[-1].version == version:
+                spans[-1] = WeightSpan(version, spans[-1].start, n)
+            else:
+                spans.append(WeightSpan(version, self.seen, n))
+            self.seen = n
+        if partial.finish_reason == "abort" and n - self.sent >= self.sink.every_tokens:
+            self.sent = n
+            if self.spans:
+                partial = replace(partial, weight_spans=tuple(self.spans))
             self.sink(partial)
 
     def finish(self, response: RawResponse) -> GenerateAnswer:

@@ -105,3 +105,33 @@ def test_streamed_chunks_pass_the_answer_checks() -> None:
         parse_stream_chunk(b'{"error": {"message": "oom"}}', rid=rid)
     with pytest.raises(EngineProtocolError, match="DONE"):
         decode_generate_stream(body.replace(b"data: [DONE]", b""), rid=rid)
+
+
+async def test_recorded_output_keeps_the_version_of_each_chunk_across_an_update(
+    tmp_path: Path, journaled: Journaled
+) -> None:
+    path = tmp_path / "run.db"
+    journal = Journal(path, JournalConfig(stream_tokens_every=8))
+    async with (
+        journal,
+        journaled(journal, answer_tokens=64, token_latency_s=0.004) as (rollout, _),
+    ):
+        await rollout.update_weights(None, version="v0")
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(rollout.run, prompts(1))
+                while journal.progress_written < 2:  # noqa: ASYNC110 (a plain counter)
+                    await anyio.sleep(0.002)
+                await rollout.update_weights(None, version="v1")
+                seen = journal.progress_written
+                while journal.progress_written < seen + 4:  # noqa: ASYNC110
+                    await anyio.sleep(0.002)
+                scope.cancel()
+    state = await anyio.to_thread.run_sync(read_resume, path)
+    resumed = [s for g in state.pending for s in g]
+    assert len(resumed) == 2
+    for s in resumed:
+        versions = [w.version for w in s.weight_spans]
+        assert versions == ["v0", "v1"], s.weight_spans
+        assert s.weight_spans[0].start == 0 and s.weight_spans[-1].end == s.response_length
+        assert s.weight_spans[0].end == s.weight_spans[1].start
