@@ -15,24 +15,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
 import urllib.request
-import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import psutil
 
 from miles_lite.testing.errors import StandInError
-from miles_lite.testing.process import StartStop
+from miles_lite.testing.launcher import ServerProcess, free_port
 
 __all__ = ["SGLangServer", "SGLangServerConfig", "default_sglang_venv"]
 
@@ -115,7 +113,7 @@ class SGLangServerConfig:
         return self.model_path if self.model_path is not None else self.venv / _MODEL_DIR
 
 
-class SGLangServer(StartStop):
+class SGLangServer(ServerProcess):
     """A real SGLang server in its own process group.
 
     Usage (sync or async)::
@@ -132,46 +130,17 @@ class SGLangServer(StartStop):
     cannot be restarted (:class:`~miles_lite.testing.StandInError`).
     """
 
+    tail_lines = _TAIL_LINES
+
     def __init__(self, config: SGLangServerConfig | None = None) -> None:
         self._config = config if config is not None else SGLangServerConfig()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._port: int | None = None
-        self._log_path: Path | None = None
-        self._stopped = False
+        super().__init__(name="SGLang server", host=self._config.host)
         #: SGLang's shared-memory segments that existed before this server started.
         self._shm_before: frozenset[str] = frozenset()
-        self._finalizer: weakref.finalize[..., SGLangServer] | None = None
 
     @property
     def config(self) -> SGLangServerConfig:
         return self._config
-
-    @property
-    def url(self) -> str:
-        """``http://host:port``; raises StandInError before start() or after stop()."""
-        if self._port is None or self._stopped:
-            raise StandInError("SGLangServer is not running")
-        return f"http://{self._config.host}:{self._port}"
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
-    @property
-    def log_path(self) -> Path | None:
-        """Where the server's stdout and stderr go."""
-        return self._log_path
-
-    def log_tail(self, lines: int = _TAIL_LINES) -> str:
-        """The last ``lines`` lines of the server log ('' when there is none)."""
-        if self._log_path is None or not self._log_path.exists():
-            return ""
-        with self._log_path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", "replace")
-        return "\n".join(data.splitlines()[-lines:])
 
     def command(self, port: int) -> list[str]:
         """The ``launch_server`` command line for ``port``."""
@@ -211,9 +180,7 @@ class SGLangServer(StartStop):
 
     def start(self) -> None:
         """Launch the server and block until ``/health`` answers 200."""
-        if self._stopped:
-            raise StandInError("SGLangServer was stopped; make a new one")
-        if self._proc is not None:
+        if not self.check_startable():
             return
         c = self._config
         if not c.python.exists():
@@ -222,9 +189,7 @@ class SGLangServer(StartStop):
             )
         if not (c.model / "config.json").exists():
             raise StandInError(f"no model at {c.model}: run scripts/sglang-cpu/setup.sh {c.venv}")
-        port = c.port or _free_port(c.host)
-        fd, name = tempfile.mkstemp(prefix=f"sglang-{port}-", suffix=".log")
-        self._log_path = Path(name)
+        port = c.port or free_port(c.host)
         env = dict(os.environ)
         env.update(
             SGLANG_USE_CPU_ENGINE="1",
@@ -239,64 +204,34 @@ class SGLangServer(StartStop):
         env.pop("PYTHONPATH", None)
         env.pop("VIRTUAL_ENV", None)
         self._shm_before = _sglang_segments()
-        with os.fdopen(fd, "wb") as log:
-            self._proc = subprocess.Popen(
-                self.command(port),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                # Its own process group: stop() signals the server and its children at once.
-                start_new_session=True,
-            )
-        self._port = port
-        self._finalizer = weakref.finalize(self, _kill_tree, self._proc.pid, 0.0)
+        self.launch(self.command(port), port=port, env=env)
         try:
-            self._wait_healthy()
+            self.wait_ready(self._healthy, timeout_s=c.start_timeout_s, poll_s=_POLL_S)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_healthy(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self._config.start_timeout_s
-        url = f"http://{self._config.host}:{self._port}/health"
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                raise StandInError(
-                    f"SGLang server exited with code {code} while starting ({url}); log tail:\n"
-                    f"{self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=5.0) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() >= deadline:
-                raise StandInError(
-                    f"SGLang server did not answer /health within "
-                    f"{self._config.start_timeout_s} s ({url}); log tail:\n{self.log_tail()}"
-                )
-            time.sleep(_POLL_S)
+    def _healthy(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/health", timeout=5.0) as resp:
+            return bool(resp.status == 200)
 
-    def stop(self) -> None:
-        """Stop the server and all its child processes; idempotent."""
-        if self._stopped:
+    def not_ready_reason(self) -> str:
+        return "did not answer /health"
+
+    def reaper(self, proc: subprocess.Popen[bytes], *, at_exit: bool) -> Callable[[], None]:
+        timeout_s = 0.0 if at_exit else self._config.stop_timeout_s
+        return functools.partial(_kill_tree, proc.pid, timeout_s)
+
+    def after_stop(self) -> None:
+        # SGLang leaves its load-reporting segment behind when it is stopped: remove the
+        # ones that appeared while this server ran.
+        if self._proc is None:
             return
-        self._stopped = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        if self._proc is not None:
-            _kill_tree(self._proc.pid, self._config.stop_timeout_s)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=1.0)
-            # SGLang leaves its load-reporting segment behind when it is stopped: remove
-            # the ones that appeared while this server ran.
-            for name in _sglang_segments() - self._shm_before:
-                with contextlib.suppress(OSError):
-                    (_SHM / name).unlink()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=1.0)
+        for name in _sglang_segments() - self._shm_before:
+            with contextlib.suppress(OSError):
+                (_SHM / name).unlink()
 
 
 #: Where POSIX shared memory lives on Linux, and SGLang's segments' prefix there.
@@ -309,12 +244,6 @@ def _sglang_segments() -> frozenset[str]:
         return frozenset(p.name for p in _SHM.iterdir() if p.name.startswith(_SGLANG_SHM_PREFIX))
     except OSError:  # no /dev/shm (not Linux)
         return frozenset()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _kill_tree(pid: int, timeout_s: float) -> None:
@@ -360,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_timeout_s=args.start_timeout,
     )
     server = SGLangServer(config)
+    # SIGTERM (a supervisor, `kill`, CI's timeout) ends the process the way Ctrl-C does,
+    # through the `with` below, so the server it started goes with it (was left orphaned).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     t0 = time.monotonic()
     try:
         with server:
@@ -368,13 +300,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"(log: {server.log_path}); Ctrl-C stops it",
                 flush=True,
             )
-            with contextlib.suppress(KeyboardInterrupt):
-                while True:
-                    time.sleep(3600)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
     except StandInError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@ The launcher against the real server is exercised by tests/conformance (its fixt
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -122,3 +126,46 @@ def test_default_model_is_inside_the_venv(tmp_path: Path) -> None:
     config = SGLangServerConfig(venv=tmp_path)
     assert config.model == tmp_path / "tiny-qwen2"
     assert SGLangServerConfig(venv=tmp_path, model_path=tmp_path / "m").model == tmp_path / "m"
+
+
+HEALTH_SERVER = """
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_sigterm_to_the_command_line_stops_its_server(tmp_path: Path) -> None:
+    # A "server" that answers /health on the port it is given, as SGLang does.
+    venv = fake_venv(tmp_path, f'exec {sys.executable} -c "$HEALTH" "$@"\n')
+    env = {**os.environ, "HEALTH": HEALTH_SERVER}
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "miles_lite.testing.sglang_server", "--venv", str(venv)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert cli.stdout is not None
+    try:
+        line = cli.stdout.readline()
+        assert line.startswith("SGLang ready at http://127.0.0.1:"), line
+        servers = psutil.Process(cli.pid).children()
+        assert len(servers) == 1
+        server = servers[0]
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=30) == 0
+        # The server went with it (it was left running, re-parented, before).
+        gone, alive = psutil.wait_procs([server], timeout=10)
+        assert [p.pid for p in gone] == [server.pid] and not alive
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        cli.stdout.close()

@@ -1,0 +1,154 @@
+"""One launcher for the servers the tiers run as child processes (SGLang, smg).
+
+:class:`ServerProcess` owns what both repeated: a free loopback port, a log file, a child
+in its own process group, a readiness poll that quotes the log's tail when the child exits
+or does not become ready, a stop that is idempotent and also runs at interpreter exit.
+A subclass says what to run (``start()`` calls :meth:`ServerProcess.launch`), when it is
+ready (:meth:`ServerProcess.wait_ready`), and how to end it (:meth:`ServerProcess.reaper`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from miles_lite.testing.errors import StandInError
+from miles_lite.testing.process import StartStop
+
+__all__ = ["ServerProcess", "free_port"]
+
+
+def free_port(host: str) -> int:
+    """A port on ``host`` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess(StartStop):
+    """A server child process in its own process group (see the module docstring).
+
+    ``name`` names it in errors and its log file. ``url`` raises
+    :class:`~miles_lite.testing.StandInError` before start and after stop; a stopped
+    server cannot be started again.
+    """
+
+    #: Lines of the log quoted in a start error.
+    tail_lines = 40
+
+    def __init__(self, *, name: str, host: str) -> None:
+        self._name = name
+        self._host = host
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._port: int | None = None
+        self._log_path: Path | None = None
+        self._stopped = False
+        self._finalizer: weakref.finalize[..., ServerProcess] | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``; raises StandInError when it is not running."""
+        if self._port is None or self._stopped:
+            raise StandInError(f"{self._name} is not running")
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before start); also its process group's id."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def log_path(self) -> Path | None:
+        """Where the child's stdout and stderr go."""
+        return self._log_path
+
+    def log_tail(self, lines: int | None = None) -> str:
+        """The last ``lines`` lines of the log ('' when there is none)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with self._log_path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+        return "\n".join(data.splitlines()[-(lines or self.tail_lines) :])
+
+    def check_startable(self) -> bool:
+        """False when already started; raises StandInError when stopped."""
+        if self._stopped:
+            raise StandInError(f"{self._name} was stopped; make a new one")
+        return self._proc is None
+
+    def launch(
+        self, command: Sequence[str], *, port: int, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``command`` (serving on ``port``) in a new session, output to a log file."""
+        fd, name = tempfile.mkstemp(prefix=f"{self._name}-{port}-", suffix=".log")
+        self._log_path = Path(name)
+        with os.fdopen(fd, "wb") as log:
+            proc = subprocess.Popen(
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=None if env is None else dict(env),
+                # Its own process group: stop() and a test's signals reach the tree at once.
+                start_new_session=True,
+            )
+        self._proc = proc
+        self._port = port
+        self._finalizer = weakref.finalize(self, self.reaper(proc, at_exit=True))
+        return proc
+
+    def wait_ready(self, ready: Callable[[], bool], *, timeout_s: float, poll_s: float) -> None:
+        """Poll ``ready()`` until it is true; StandInError with the log tail when the child
+        exits first or ``timeout_s`` passes. OSError and ValueError from ``ready`` mean
+        not yet."""
+        proc = self._proc
+        if proc is None:
+            raise StandInError(f"{self._name}.wait_ready() before launch()")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise StandInError(
+                    f"{self._name} exited with code {code} while starting ({self.url});"
+                    f" log tail:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if ready():
+                    return
+            if time.monotonic() >= deadline:
+                raise StandInError(
+                    f"{self._name} at {self.url} was not ready within {timeout_s} s"
+                    f" ({self.not_ready_reason()}); log tail:\n{self.log_tail()}"
+                )
+            time.sleep(poll_s)
+
+    def not_ready_reason(self) -> str:
+        """What readiness waited for, for the timeout error."""
+        return "not ready"
+
+    def reaper(self, proc: subprocess.Popen[bytes], *, at_exit: bool) -> Callable[[], None]:
+        """A function that ends ``proc`` and its tree; it must not hold ``self``."""
+        raise NotImplementedError
+
+    def after_stop(self) -> None:
+        """Clean what the stopped child left (files, shared memory); default nothing."""
+
+    def stop(self) -> None:
+        """End the child and its tree; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._proc is not None:
+            self.reaper(self._proc, at_exit=False)()
+        self.after_stop()
