@@ -155,8 +155,8 @@ def test_no_iprogress_warning_in_a_kernel_without_ipywidgets(tmp_path: Path) -> 
         "import miles_lite",
         # What transformers does as a tokenizer loads (huggingface_hub.utils.tqdm).
         "import tqdm.auto\nprint(tqdm.auto.tqdm.__module__)",
-        "from miles_lite.rollout.driver import _progress_bar\n"
-        "bar = _progress_bar(3)\nbar.update(3)\nbar.close()\nprint(type(bar).__module__)",
+        "from miles_lite.rollout.progress import progress_bar\n"
+        "bar = progress_bar(3)\nbar.update(3)\nbar.close()\nprint(type(bar).__module__)",
     ]
     with Notebook(cells, cwd=tmp_path) as nb:
         for index in range(len(cells)):

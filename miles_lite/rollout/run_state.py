@@ -1,0 +1,415 @@
+"""One rollout's run on a :class:`~miles_lite.rollout.driver.Driver`: which groups run,
+which are kept, the workers and the hand-over of units, the early stop, and the result
+(the mechanics are in :mod:`miles_lite.rollout.driver`'s docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskGroup
+
+from miles_lite.errors import GenerateError, MilesLiteError
+from miles_lite.rollout.context import RunContext
+from miles_lite.rollout.filters import apply_filters
+from miles_lite.rollout.hooks import RunHooks
+from miles_lite.rollout.kind import KindMetrics
+from miles_lite.rollout.progress import progress_bar
+from miles_lite.rollout.result import RolloutResult
+from miles_lite.rollout.spans import RunTimes, UnitSpan, span_metrics
+from miles_lite.types import Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from miles_lite.rollout.driver import Driver
+
+#: A unit handed to a worker: (group index, unit index, its samples, its span). No span
+#: (an empty group): the group ends at once.
+_Job = tuple[int, int, list[Sample], UnitSpan | None]
+
+__all__ = ["RunState"]
+
+#: Groups started per loop step (see RunState._schedule).
+_START_CHUNK = 8
+#: What the scheduler's inbox carries besides the index of a finished group.
+_WAKE = -1
+_STOP = -2
+#: Statuses of a sample that needs no more generation.
+_DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+
+
+class RunState:
+    """The state of one rollout: which groups run, which are kept, and the stop."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        groups: list[list[Sample]],
+        context: RunContext,
+        *,
+        target: int | None,
+        batch_size: int | None,
+        hooks: RunHooks | None = None,
+    ) -> None:
+        self.driver = driver
+        self.kind = driver.kind
+        self.context = context
+        self.groups = groups
+        self.target = len(groups) if target is None else target
+        self.batch_size = batch_size or max(self.target, 1)
+        if self.target < 0 or self.batch_size < 1:
+            raise ValueError(f"target {target!r} and batch_size {batch_size!r} must be >= 1")
+        self.max_started = driver.max_started_samples or math.inf
+        self.started_sizes: dict[int, int] = {}  # samples of each started group not yet done
+        self.started_samples = 0  # their sum
+        self.kept: list[int] = []
+        self.outputs: dict[int, list[list[Sample]]] = {}
+        self.filtered: list[tuple[int, str]] = []
+        self.finished: set[int] = set()
+        self.spans: list[UnitSpan] = []
+        self.stopping = context.stop
+        self.abort_metrics: dict[str, float] = {}
+        self.generating = 0
+        self.drained = anyio.Event()
+        self.done_send, self.done_receive = anyio.create_memory_object_stream[int](math.inf)
+        self.bar: Any = None
+        self.stop_time: float | None = None
+        self.stop_start: float | None = None
+        self.start_time = self.end_time = 0.0
+        self.started = 0  # the next group never started yet
+        self.active = 0  # groups started and not finished
+        self.hooks = hooks
+        self.restarts: deque[int] = deque()  # refused groups to start again
+        self.over = False  # the result is made: refusals change nothing
+        self.unfinished: dict[int, int] = {}  # units of each started group still running
+        # Workers waiting for a unit: an asyncio future each, the leanest wait there is (an
+        # anyio or asyncio Event is a future plus a deque and a lock).
+        self.idle: list[asyncio.Future[_Job | None]] = []
+        self.closing = False  # no unit comes any more: idle workers end
+
+    async def execute(self) -> RolloutResult:
+        t0 = self.start_time = time.monotonic()
+        driver = self.driver
+        total = sum(len(g) for g in self.groups[: self.target])
+        self.bar = progress_bar(total) if driver.progress else None
+        with ExitStack() as stack:
+            kind_metrics = stack.enter_context(self.kind.measure())
+            windows = {
+                k: stack.enter_context(p.measure()) for k, p in driver.scorer.rewards.items()
+            }
+            try:
+                async with anyio.create_task_group() as tg:
+                    try:
+                        if self.hooks is not None:
+                            self.hooks.attach(self)
+                        await self._schedule(tg)
+                        self._release_workers()
+                    finally:
+                        if not self.stopping.is_set() and self.active:
+                            # Cancelled from outside: still stop the engines' work.
+                            await self._stop(tg)
+            finally:
+                self.over = True
+                self.done_send.close()
+                self.done_receive.close()
+                if self.bar is not None:
+                    self.bar.close()
+            self.end_time = time.monotonic()
+            elapsed = self.end_time - t0
+            metrics = self._metrics(elapsed, kind_metrics, windows)
+        return self._result(self.context.rollout_id, metrics)
+
+    async def _schedule(self, tg: TaskGroup) -> None:
+        while True:
+            while (
+                self._startable()
+                and self.active < self.target - len(self.kept)
+                and self._fits()
+                and self._admits()
+            ):
+                for i in range(min(self.batch_size, self._startable())):
+                    if not (self._startable() and self._fits() and self._admits()):
+                        break
+                    if i and i % _START_CHUNK == 0:
+                        # Let the groups just started take their first steps (and the
+                        # loop its other work) before starting more: hundreds of first
+                        # steps in one loop iteration stall it for a quarter second.
+                        await anyio.lowlevel.checkpoint()
+                    self._start(tg)
+            if self.active == 0 and not (self.hooks is not None and self.hooks.holding()):
+                return
+            token = await self.done_receive.receive()
+            if token == _WAKE:
+                continue
+            if token == _STOP:
+                if self.active:
+                    await self._stop(tg)
+                return
+            self.started_samples -= self.started_sizes.pop(token)
+            self.active -= 1
+            if len(self.kept) >= self.target:
+                if self.active:
+                    await self._stop(tg)
+                    return
+                if not (self.hooks is not None and self.hooks.holding()):
+                    return
+                # Nothing runs, but kept groups may still be refused (and started again).
+
+    def _startable(self) -> int:
+        """Groups that may start: refused ones to start again (once their first run's end
+        was counted), then groups never started."""
+        ready = sum(i not in self.started_sizes for i in self.restarts)
+        return ready + len(self.groups) - self.started
+
+    def _next(self) -> int:
+        for index in self.restarts:
+            if index not in self.started_sizes:
+                self.restarts.remove(index)
+                return index
+        self.started += 1
+        return self.started - 1
+
+    def _start(self, tg: TaskGroup) -> None:
+        index = self._next()
+        group = self.groups[index]
+        size = self.started_sizes[index] = len(group)
+        self.started_samples += size
+        self.active += 1
+        if self.hooks is not None:
+            self.hooks.started(index)
+        units = self.kind.units(group)
+        # Units write what they made here, so a group stopped early keeps the samples its
+        # generate functions returned (they may be new objects) with their partial output.
+        self.outputs[index] = [list(u) for u in units]
+        self.unfinished[index] = len(units)
+        if not units:
+            self._hand_out(tg, (index, -1, [], None))
+        for u, unit in enumerate(units):
+            span = UnitSpan(group_index=index, unit_index=u, size=len(unit))
+            self.spans.append(span)
+            self._hand_out(tg, (index, u, unit, span))
+
+    def _hand_out(self, tg: TaskGroup, job: _Job) -> None:
+        """Give ``job`` to an idle worker, or to a new one when none is idle."""
+        if not self._wake_idle(job):
+            tg.start_soon(self._work, job)
+
+    def _wake_idle(self, job: _Job | None) -> bool:
+        """Hand ``job`` to an idle worker (None: it ends); False when none is idle."""
+        while self.idle:
+            waiter = self.idle.pop()
+            if not waiter.done():  # else its worker was cancelled
+                waiter.set_result(job)
+                return True
+        return False
+
+    async def _work(self, job: _Job | None) -> None:
+        """A worker: runs the units it is handed (and ends the groups they complete),
+        waiting idle between them, until the run needs no more units."""
+        while job is not None:
+            index, u, unit, span = job
+            if span is not None:
+                await self._run_unit(unit, span, self.outputs[index], u)
+                self.unfinished[index] -= 1
+            if self.unfinished[index] == 0:  # its last unit (or an empty group)
+                await self._end_group(index)
+            if self.closing:
+                return
+            waiter = asyncio.get_running_loop().create_future()
+            self.idle.append(waiter)
+            job = await waiter
+
+    def _release_workers(self) -> None:
+        """The run is over: idle workers end (a unit still running ends its worker)."""
+        self.closing = True
+        while self._wake_idle(None):
+            pass
+
+    def _fits(self) -> bool:
+        """Whether the next group may start under ``max_started_samples``."""
+        ready = [i for i in self.restarts if i not in self.started_sizes]
+        size = len(self.groups[ready[0] if ready else self.started])
+        return not self.started_sizes or self.started_samples + size <= self.max_started
+
+    def _admits(self) -> bool:
+        return self.hooks is None or self.hooks.admits()
+
+    # -- RunHandle: what the hooks may do -----------------------------------------------
+
+    def _send(self, token: int) -> None:
+        if not self.over:
+            self.done_send.send_nowait(token)
+
+    def wake(self) -> None:
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.wake`."""
+        self._send(_WAKE)
+
+    def stop(self) -> None:
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.stop`."""
+        self._send(_STOP)
+
+    def refuse(self, index: int, restart: list[Sample] | None, reason: str) -> bool:
+        """See :meth:`~miles_lite.rollout.hooks.RunHandle.refuse`."""
+        if self.over or index not in self.kept:
+            return False
+        self.kept.remove(index)
+        if restart is None:
+            self.filtered.append((index, reason))
+        else:
+            self.finished.discard(index)
+            self.groups[index] = restart
+            self.outputs.pop(index, None)
+            self.restarts.append(index)
+        self._send(_WAKE)
+        return True
+
+    async def _stop(self, tg: TaskGroup) -> None:
+        """Early stop: nothing new is sent, in-flight work is aborted, the rest cancelled."""
+        t0 = self.stop_start = time.monotonic()
+        self.stopping.set()
+        with anyio.move_on_after(self.driver.stop_timeout_s, shield=True):
+            alone = self.driver.runs == {self.context}
+            self.abort_metrics = await self.kind.abort(self.context, alone=alone)
+            if self.kind.drain_on_stop and self.generating:
+                await self.drained.wait()
+        self.stop_time = time.monotonic() - t0
+        tg.cancel_scope.cancel()
+
+    async def _end_group(self, index: int) -> None:
+        """Group ``index``'s units have all ended: score it whole, filter it, count it."""
+        del self.unfinished[index]
+        if self.stopping.is_set():
+            return
+        whole = self._whole(index)
+        await self.driver.scorer.score_group(whole)
+        verdict = apply_filters(self.driver.filters, whole)
+        if self.stopping.is_set():
+            return
+        if verdict.keep and len(self.kept) < self.target:
+            self.kept.append(index)
+            if self.bar is not None:
+                self.bar.update(len(whole))
+        elif verdict.keep:
+            return  # finished after enough were kept: it stays partial (already whole)
+        else:
+            self.filtered.append((index, verdict.reason or "filtered"))
+        self.finished.add(index)
+        self.done_send.send_nowait(index)
+        if self.hooks is not None:
+            # After the end is queued: a refusal it makes is seen by the scheduler after.
+            self.hooks.finished(index, whole, verdict.keep)
+
+    async def _run_unit(
+        self, unit: list[Sample], span: UnitSpan, outputs: list[list[Sample]], slot: int
+    ) -> None:
+        if all(s.status in _DONE for s in unit):
+            out = unit  # carried over from an earlier rollout (partial rollout)
+        else:
+            if self.stopping.is_set():
+                return  # never sent
+            self.generating += 1
+            # The kind's generate awaited here, not in a helper coroutine: one coroutine
+            # level less for every response to wake (this runs once per text sample).
+            try:
+                out = await self.kind.generate(unit, span, self.context)
+            except MilesLiteError as exc:
+                out = _failed(unit, span, exc)
+            except Exception as exc:
+                error = GenerateError(f"generate function raised {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                out = _failed(unit, span, error)
+            else:
+                if len(out) == len(unit):
+                    # The driver owns identity: whatever objects come back take the places
+                    # (and the numbers) of the samples they fill.
+                    for made, place in zip(out, unit, strict=True):
+                        made.index, made.group_index = place.index, place.group_index
+            finally:
+                self.generating -= 1
+                if self.generating == 0 and self.stopping.is_set():
+                    self.drained.set()
+            span.aborted = any(s.status is SampleStatus.ABORTED for s in out)
+        outputs[slot] = out
+        if self.stopping.is_set():
+            return  # no reward for work the rollout no longer needs
+        span.reward_start = time.monotonic()
+        await self.driver.scorer.score_unit(out, url=span.engine, span=span)
+        span.reward_end = time.monotonic()
+
+    def _whole(self, index: int) -> list[Sample]:
+        """Group ``index`` as its units left it (the input samples if it never started)."""
+        outputs = self.outputs.get(index)
+        if outputs is not None:
+            whole = [s for out in outputs for s in out]
+            for sample in whole:
+                sample.group_index = index
+            self.groups[index] = whole
+        return self.groups[index]
+
+    def _metrics(
+        self, elapsed: float, kind_metrics: KindMetrics, windows: dict[str, Any]
+    ) -> dict[str, float]:
+        kept = [s for i in self.kept for s in self.groups[i]]
+        metrics: dict[str, float] = {
+            "perf/rollout_time": elapsed,
+            "rollout/kept_groups": float(len(self.kept)),
+            "rollout/started_groups": float(self.started),
+            "rollout/samples": float(len(kept)),
+            "rollout/failed_samples": float(sum(s.status is SampleStatus.FAILED for s in kept)),
+            "rollout/filtered_groups": float(len(self.filtered)),
+            "rollout/partial_groups": float(len(self.groups) - len(self.finished)),
+        }
+        for _, reason in self.filtered:
+            key = f"rollout/dynamic_filter/{reason}"  # reasons read drop_...: filters.py
+            metrics[key] = metrics.get(key, 0.0) + 1.0
+        if self.stop_time is not None:
+            metrics["perf/stop_time"] = self.stop_time
+        for kind, window in windows.items():
+            if window.ran:
+                metrics[f"perf/reward_max_queue_depth_{kind}"] = float(window.max_queue_depth)
+        metrics.update(span_metrics(self.spans))
+        metrics.update(kind_metrics(kept, elapsed))
+        metrics.update(self.abort_metrics)
+        return metrics
+
+    def _result(self, rollout_id: int, metrics: dict[str, float]) -> RolloutResult:
+        def ordered(group: list[Sample]) -> list[Sample]:
+            return sorted(group, key=lambda s: s.index)
+
+        filtered = sorted(self.filtered)
+        return RolloutResult(
+            groups=[ordered(self.groups[i]) for i in sorted(self.kept)],
+            filtered=[ordered(self.groups[i]) for i, _ in filtered],
+            filter_reasons=[reason for _, reason in filtered],
+            # What each unit's generate call returned (partial output included): the
+            # driver owns identity, so nobody copies fields into the input samples.
+            partial=[
+                ordered(self._whole(i)) for i in range(len(self.groups)) if i not in self.finished
+            ],
+            metrics=metrics,
+            spans=sorted(self.spans, key=lambda s: (s.group_index, s.unit_index)),
+            rollout_id=rollout_id,
+            times=RunTimes(
+                start=self.start_time,
+                end=self.end_time,
+                stop_start=self.stop_start,
+                stop_end=(
+                    None
+                    if self.stop_start is None or self.stop_time is None
+                    else self.stop_start + self.stop_time
+                ),
+            ),
+        )
+
+
+def _failed(unit: list[Sample], span: UnitSpan, error: MilesLiteError) -> list[Sample]:
+    """``unit`` failed with ``error``: every sample FAILED, the span names it."""
+    for sample in unit:
+        sample.fail(error)
+    span.error = str(error)
+    return unit
