@@ -96,9 +96,9 @@ def test_an_unknown_key_is_refused_naming_it(params: dict[str, Any], named: str)
 
 
 def test_sampling_params_config_errors_name_the_field() -> None:
-    with pytest.raises(SamplingParamsError, match="max_new_tokens must be >= 0"):
+    with pytest.raises(SamplingParamsError, match="max_new_tokens must be an int >= 1, got -1"):
         TextSamplingParams(max_new_tokens=-1)
-    with pytest.raises(SamplingParamsError, match="max_new_tokens must be an int"):
+    with pytest.raises(SamplingParamsError, match="max_new_tokens must be an int >= 1, got True"):
         TextSamplingParams(max_new_tokens=True)
     with pytest.raises(SamplingParamsError, match="repeats fields"):
         TextSamplingParams(extra={"temperature": 0.5})

@@ -4,7 +4,9 @@
   lists them in its 400 (``tests/data/sglang_captures/gen_bad_sampling_key.txt``).
 - ``miles_lite/testing`` imports nothing from the library but ``serve_app``,
   ``miles_lite._core.json`` and the lifecycle base (``AsyncResource``): no error
-  classes of the wire, no sampling lists, no codecs.
+  classes of the wire, no sampling lists, no codecs. The one exception is not a
+  stand-in: the launcher of the real ``smg`` router starts it with the flags the library's
+  smg front uses (one source for them), so it may read ``miles_lite.engine.smg``.
 """
 
 from __future__ import annotations
@@ -52,5 +54,6 @@ def test_the_stand_ins_import_nothing_of_the_library() -> None:
         for name in library_imports(path)
         if not (name == "miles_lite.testing" or name.startswith("miles_lite.testing."))
         and name not in ALLOWED
+        and not (path.name == "smg_router.py" and name == "miles_lite.engine.smg")
     }
     assert not offending, sorted(offending)
