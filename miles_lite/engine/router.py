@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import urllib.parse
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -29,9 +28,9 @@ from miles_lite.engine.fleet import Fleet, FleetStatistics
 from miles_lite.engine.fleet_control import FleetControl
 from miles_lite.engine.health import HealthMonitor
 from miles_lite.engine.http._routing import sticky
+from miles_lite.engine.readiness import SHORT_READY_WAIT_S, not_ready, refuses
 from miles_lite.engine.smg import SmgFront, SmgWorker
 from miles_lite.engine.versions import WeightVersions
-from miles_lite.errors import EngineNotReadyError
 
 if TYPE_CHECKING:
     from miles_lite.engine.http.client import EngineClient
@@ -223,7 +222,7 @@ class Router(AsyncResource, FleetControl):
         if timeout_s is None:
             return self.urls
         deadline = anyio.current_time() + timeout_s
-        refused_is_final = timeout_s <= _SHORT_READY_WAIT_S
+        refused_is_final = timeout_s <= SHORT_READY_WAIT_S
         ready: set[str] = set()
         refused: set[str] = set()
         while True:
@@ -237,7 +236,7 @@ class Router(AsyncResource, FleetControl):
                 with anyio.move_on_after(probe_s):
                     if await self._client.health(url, timeout_s=probe_s):
                         ready.add(url)
-                    elif refused_is_final and await _refuses(url):
+                    elif refused_is_final and await refuses(url):
                         refused.add(url)
 
             async with anyio.create_task_group() as tg:
@@ -247,7 +246,7 @@ class Router(AsyncResource, FleetControl):
                 await anyio.sleep(min(0.25, max(0.0, deadline - anyio.current_time())))
         silent = [url for url in self.urls if url not in ready]
         if silent and not ready:
-            raise _not_ready(tuple(silent), tuple(u for u in silent if u in refused), timeout_s)
+            raise not_ready(tuple(silent), tuple(u for u in silent if u in refused), timeout_s)
         if silent:
             _log.warning(
                 "engines %s did not answer /health within %g s; going on with %s",
@@ -486,49 +485,3 @@ class _Lease:
         # Synchronous on purpose: the in-flight count drops even in a cancelled scope.
         if self._engine is not None:
             self._router._balancer.release(self._engine, exc)
-
-
-#: The longest ready wait that only checks that engines already serve (RouterConfig's
-#: default): within it, a refused connection is final.
-_SHORT_READY_WAIT_S: float = next(
-    float(f.default)  # type: ignore[arg-type]
-    for f in dataclasses.fields(RouterConfig)
-    if f.name == "ready_timeout_s"
-)
-
-
-async def _refuses(url: str) -> bool:
-    """Whether nothing listens at ``url``'s host and port: every address refuses a TCP
-    connection (asked after its ``/health`` failed, to tell "not there" from "busy")."""
-    parts = urllib.parse.urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        stream = await anyio.connect_tcp(parts.hostname or "", port)
-    except OSError as exc:
-        # anyio tries every address, then raises OSError from the last one's error (or
-        # from a group of them).
-        cause = exc if isinstance(exc, ConnectionRefusedError) else exc.__cause__
-        causes = getattr(cause, "exceptions", (cause,))
-        return all(isinstance(e, ConnectionRefusedError) for e in causes)
-    await stream.aclose()
-    return False
-
-
-def _not_ready(
-    silent: tuple[str, ...], refused: tuple[str, ...], timeout_s: float
-) -> EngineNotReadyError:
-    """The error of a ready wait no engine answered."""
-    quiet = [u for u in silent if u not in refused]
-    said = []
-    if refused:
-        said.append(f"nothing listens at {', '.join(refused)} (connection refused on /health)")
-    if quiet:
-        said.append(f"no answer to /health within {timeout_s:g} s from {', '.join(quiet)}")
-    return EngineNotReadyError(
-        "; ".join(said) + "; check the URLs and that the servers run (an engine still"
-        " loading weights refuses connections, then answers 503: wait for it with"
-        " RouterConfig(ready_timeout_s=600))",
-        urls=silent,
-        refused=refused,
-        timeout_s=timeout_s,
-    )
