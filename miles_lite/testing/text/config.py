@@ -23,7 +23,9 @@ class TextStandInConfig:
     ``max_running``: batch slots (more requests wait). ``context_length``: prompt plus
     output tokens at most. ``warmup_s``: ``/health``, ``/health_generate``, ``/generate``
     and chat answer 503 for this long after start. ``model_path`` and ``weight_version``:
-    what the model endpoints report. ``request_log_limit``: how many request bodies and
+    what the model endpoints report. ``update_latency_s``: how long
+    ``/update_weights_from_disk`` takes before it loads (a checkpoint read: long enough to
+    kill the engine mid-update). ``request_log_limit``: how many request bodies and
     rids the statistics keep. A bad value raises :class:`ValueError` naming the field.
     """
 
@@ -37,9 +39,10 @@ class TextStandInConfig:
     port: int = 0
     request_log_limit: int = 10_000
     warmup_s: float = 0.0
+    update_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("token_latency_s", "warmup_s"):
+        for name in ("token_latency_s", "warmup_s", "update_latency_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"TextStandInConfig.{name} must be >= 0, got {value!r}")

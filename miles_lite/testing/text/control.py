@@ -149,6 +149,8 @@ class ControlEndpoints:
         state = self.state
         if body.get("abort_all_requests", False):
             self.scheduler.abort(abort_all=True)
+        if state.config.update_latency_s:
+            await anyio.sleep(state.config.update_latency_s)  # reading the checkpoint
         model = state.model
         if model is not None:
             try:
