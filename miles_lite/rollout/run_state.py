@@ -9,7 +9,7 @@ import math
 import time
 from collections import deque
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -17,22 +17,41 @@ from anyio.abc import TaskGroup
 
 from miles_lite.errors import GenerateError, MilesLiteError
 from miles_lite.rollout.context import RunContext
-from miles_lite.rollout.filters import apply_filters
+from miles_lite.rollout.filters import GroupFilter, apply_filters
 from miles_lite.rollout.hooks import RunHooks
-from miles_lite.rollout.kind import KindMetrics
+from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.progress import progress_bar
 from miles_lite.rollout.result import RolloutResult
+from miles_lite.rollout.scoring import Scorer
 from miles_lite.rollout.spans import RunTimes, UnitSpan, span_metrics
 from miles_lite.types import Sample, SampleStatus
-
-if TYPE_CHECKING:
-    from miles_lite.rollout.driver import Driver
 
 #: A unit handed to a worker: (group index, unit index, its samples, its span). No span
 #: (an empty group): the group ends at once.
 _Job = tuple[int, int, list[Sample], UnitSpan | None]
 
-__all__ = ["RunState"]
+__all__ = ["DriverParts", "RunState"]
+
+
+class DriverParts(Protocol):
+    """What a run reads of its :class:`~miles_lite.rollout.driver.Driver` (which
+    imports this module, so the run names the parts, not the class)."""
+
+    @property
+    def kind(self) -> RolloutKind: ...
+    @property
+    def scorer(self) -> Scorer: ...
+    @property
+    def filters(self) -> list[GroupFilter]: ...
+    @property
+    def progress(self) -> bool: ...
+    @property
+    def stop_timeout_s(self) -> float: ...
+    @property
+    def max_started_samples(self) -> int | None: ...
+    @property
+    def runs(self) -> set[RunContext]: ...
+
 
 #: Groups started per loop step (see RunState._schedule).
 _START_CHUNK = 8
@@ -48,7 +67,7 @@ class RunState:
 
     def __init__(
         self,
-        driver: Driver,
+        driver: DriverParts,
         groups: list[list[Sample]],
         context: RunContext,
         *,
