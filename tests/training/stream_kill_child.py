@@ -4,7 +4,8 @@ streamed-token test (``test_stream_kill.py``).
 ``python stream_kill_child.py crash --journal run.db --every 8 --kill-at 96``: a stand-in
 engine and a text rollout of 2 prompts x 2 samples (each truncated at TOKENS), journaled
 (``JournalConfig(stream_tokens_every=8)``; ``--every 0``: off); once the engine made
-``--kill-at`` output tokens in all, it prints them (one JSON line) and SIGKILLs itself.
+``--kill-at`` output tokens in all (and, streaming, 8 progress records were queued), it
+prints them (one JSON line) and SIGKILLs itself.
 
 ``python stream_kill_child.py resume --journal run.db``: resumes the same journal on a new
 stand-in and prints one JSON line: the output tokens each pending sample had from the
@@ -78,7 +79,12 @@ async def main(args: argparse.Namespace, tokenizer: Any) -> None:
             ]
             async with anyio.create_task_group() as tg:
                 tg.start_soon(rollout.run, prompts)
-                while engine.statistics().generated_tokens < args.kill_at:  # noqa: ASYNC110
+                # Streamed: also once the client got 2 chunks of 8 a sample (8 records
+                # queued), whatever the load on the machine.
+                while (  # noqa: ASYNC110
+                    engine.statistics().generated_tokens < args.kill_at
+                    or (every is not None and journal.progress_written < 8)
+                ):
                     await anyio.sleep(0.001)
                 made = engine.statistics().generated_tokens
                 print(json.dumps({"made": made, "progress": journal.progress_written}), flush=True)
