@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_lite.errors import EngineProtocolError
-from miles_lite.sglang.generate_wire import FINISH_STATUS, parse_logprob_triples, parse_weight_spans
+from miles_lite.sglang.generate_wire import FINISH_STATUS, parse_output_tokens, parse_weight_spans
 from miles_lite.types import WeightSpan
 
 __all__ = ["TurnRecord", "record_from_choice"]
@@ -109,16 +109,7 @@ def record_from_choice(
             "chat answer lacks choices[0].meta_info; the engine must honour return_meta_info",
             **where,
         )
-    echoed = meta.get("id")
-    if echoed is not None and echoed != rid:
-        # The check /generate answers get (parse_generate_answer): one rule on both.
-        raise EngineProtocolError(
-            f"meta_info.id is {echoed!r}, not the request's rid: not this request's answer",
-            **where,
-        )
-    ids, log_probs = parse_logprob_triples(
-        meta.get("output_token_logprobs"), where, vocab_size=vocab_size
-    )
+    ids, log_probs = parse_output_tokens(meta, rid, where, vocab_size=vocab_size)
     budget = request.get("max_tokens")
     if isinstance(budget, int) and len(ids) > budget:
         raise EngineProtocolError(

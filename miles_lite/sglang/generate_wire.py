@@ -39,6 +39,7 @@ __all__ = [
     "new_rid",
     "parse_generate_answer",
     "parse_logprob_triples",
+    "parse_output_tokens",
     "parse_weight_spans",
 ]
 
@@ -136,15 +137,7 @@ def parse_generate_answer(
             f"/generate answered {type(answer).__name__}, not one object with meta_info", **where
         )
     meta = answer["meta_info"]
-    echoed = meta.get("id")
-    if echoed is not None and echoed != rid:
-        raise EngineProtocolError(
-            f"meta_info.id is {echoed!r}, not the request's rid: not this request's answer",
-            **where,
-        )
-    ids, log_probs = parse_logprob_triples(
-        meta.get("output_token_logprobs"), where, vocab_size=vocab_size
-    )
+    ids, log_probs = parse_output_tokens(meta, rid, where, vocab_size=vocab_size)
     output_ids = answer.get("output_ids")
     if output_ids is not None and output_ids != ids:
         raise EngineProtocolError(
@@ -183,6 +176,26 @@ def parse_generate_answer(
         prompt_tokens=_count(meta, "prompt_tokens", where),
         cached_tokens=_count(meta, "cached_tokens", where),
     )
+
+
+def parse_output_tokens(
+    meta: Mapping[str, Any],
+    rid: str,
+    where: Mapping[str, str | None],
+    *,
+    vocab_size: int | None = None,
+) -> tuple[list[int], list[float]]:
+    """The output ids and log-probs of an answer's ``meta_info``, once it is this
+    request's: a ``meta_info.id`` other than ``rid`` is an :class:`EngineProtocolError`
+    (one rule for ``/generate`` and chat answers); the triples as
+    :func:`parse_logprob_triples` checks them."""
+    echoed = meta.get("id")
+    if echoed is not None and echoed != rid:
+        raise EngineProtocolError(
+            f"meta_info.id is {echoed!r}, not the request's rid: not this request's answer",
+            **where,
+        )
+    return parse_logprob_triples(meta.get("output_token_logprobs"), where, vocab_size=vocab_size)
 
 
 def parse_logprob_triples(
