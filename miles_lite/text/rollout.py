@@ -136,10 +136,11 @@ class TextRollout(Rollout):
                 await router.wait_ready()
             pools = await open_reward_pools(stack, rewards, config, arena=None)
             if journal is not None:  # a path is opened here and closed on exit
+                from miles_lite.text.progress import stream_progress
                 from miles_lite.training.recorder import open_journal
 
                 kwargs["journal"] = await stack.enter_async_context(
-                    open_journal(journal, kind="text", config=config)
+                    open_journal(journal, kind="text", config=config, progress=stream_progress)
                 )
             rollout = cls(
                 config=config,

@@ -11,9 +11,8 @@ verdicts of filtered and partial groups are recorded when the call ends.
 
 from __future__ import annotations
 
-import copy
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -21,10 +20,6 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.spans import UnitSpan
-from miles_lite.sglang.generate_wire import GenerateAnswer
-from miles_lite.text.kind import TextKind
-from miles_lite.text.request import TOKEN_SINK, apply_answer
-from miles_lite.text.single_turn import generate as single_turn
 from miles_lite.training.journal import GROUP_KEY, Journal
 from miles_lite.training.reader import ResumeState
 from miles_lite.types import Sample
@@ -32,15 +27,26 @@ from miles_lite.types import Sample
 if TYPE_CHECKING:
     from miles_lite.rollout.batch import TrainingBatch
 
-__all__ = ["JournaledKind", "RolloutJournal", "open_journal"]
+__all__ = ["JournaledKind", "ProgressScope", "RolloutJournal", "open_journal"]
+
+#: How a kind's generate call for one sample streams its progress: ``(kind, sample,
+#: record, every)`` -> a scope to run the call in, handing ``record`` the sample so far
+#: every ``every`` tokens, or None when the kind does not stream. The text rollout gives
+#: :func:`miles_lite.text.progress.stream_progress`.
+ProgressScope = Callable[
+    [RolloutKind, Sample, Callable[[Sample], None], int], AbstractContextManager[None] | None
+]
 
 
 class RolloutJournal:
     """The events of one rollout's runs, into ``journal``; ``n_samples`` per group."""
 
-    def __init__(self, journal: Journal, n_samples: int) -> None:
+    def __init__(
+        self, journal: Journal, n_samples: int, progress: ProgressScope | None = None
+    ) -> None:
         self.journal = journal
         self.n_samples = n_samples
+        self.progress = progress
         self._gids: dict[int, list[int]] = {}  # per rollout id: the journal id of each group
         # Samples whose generate call was recorded, by id: (group id, place, attempt, the
         # sample, held so its id stays its own) until handed or the call ends.
@@ -126,8 +132,6 @@ class JournaledKind:
         self.kind = kind
         self.journal = journal
         self.drain_on_stop = kind.drain_on_stop
-        # Streamed progress resumes through single_turn's partial-rollout path only.
-        self.streams = isinstance(kind, TextKind) and kind.generate_fn is single_turn
 
     def units(self, group: list[Sample]) -> list[list[Sample]]:
         return self.kind.units(group)
@@ -143,15 +147,24 @@ class JournaledKind:
             known = unit[0].metadata.get(GROUP_KEY)
             gid = known if isinstance(known, int) else gid
         every = recorder.journal.config.stream_tokens_every
-        if every is not None and self.streams and gid is not None and len(unit) == 1:
-            sink = _ProgressSink(recorder.journal, gid, places[0][1], attempt, unit[0], every)
-            token = TOKEN_SINK.set(sink)
-            try:
-                out = await self.kind.generate(unit, span, run)
-            finally:
-                TOKEN_SINK.reset(token)
-        else:
+        scope = None
+        if (
+            every is not None
+            and recorder.progress is not None
+            and gid is not None
+            and len(unit) == 1
+        ):
+            journal, slot, group = recorder.journal, places[0][1], gid
+
+            def progress(snapshot: Sample) -> None:
+                journal.progress(group, slot, attempt, snapshot)
+
+            scope = recorder.progress(self.kind, unit[0], progress, every)
+        if scope is None:
             out = await self.kind.generate(unit, span, run)
+        else:
+            with scope:
+                out = await self.kind.generate(unit, span, run)
         if gid is not None:
             if len(out) == len(unit):
                 for sample, (_, slot) in zip(out, places, strict=True):
@@ -168,31 +181,13 @@ class JournaledKind:
         return self.kind.measure()
 
 
-class _ProgressSink:
-    """Records a streamed sample's output so far (see ``JournalConfig.stream_tokens_every``):
-    the sample as sent plus the partial answer, ABORTED (``status_reason`` ``"in_flight"``),
-    so a resume continues it through the partial-rollout path."""
-
-    __slots__ = ("attempt", "every_tokens", "gid", "journal", "sample", "slot")
-
-    def __init__(
-        self, journal: Journal, gid: int, slot: int, attempt: int, sample: Sample, every: int
-    ) -> None:
-        self.journal, self.gid, self.slot, self.attempt = journal, gid, slot, attempt
-        self.sample, self.every_tokens = sample, every
-
-    def __call__(self, partial: GenerateAnswer) -> None:
-        # The sample as sent (its tokens hold the request's input), copied: the call
-        # goes on with the original.
-        snapshot = copy.deepcopy(self.sample)
-        apply_answer(snapshot, partial)
-        snapshot.status_reason = "in_flight"
-        self.journal.progress(self.gid, self.slot, self.attempt, snapshot)
-
-
 @asynccontextmanager
 async def open_journal(
-    journal: str | os.PathLike[str] | Journal, *, kind: str, config: Any
+    journal: str | os.PathLike[str] | Journal,
+    *,
+    kind: str,
+    config: Any,
+    progress: ProgressScope | None = None,
 ) -> AsyncIterator[RolloutJournal]:
     """The recorder of the journal a rollout's ``open`` was given: a path is opened (and
     closed on exit), a :class:`Journal` is used as it is (its owner closes it); either is
@@ -201,4 +196,4 @@ async def open_journal(
         if not isinstance(journal, Journal):
             journal = await stack.enter_async_context(Journal(journal))
         await journal.bind(kind, config)
-        yield RolloutJournal(journal, config.n_samples_per_prompt)
+        yield RolloutJournal(journal, config.n_samples_per_prompt, progress)
