@@ -45,6 +45,7 @@ from miles_lite.sglang.control import MODEL_INFO_PATH, PauseMode, model_info_ver
 
 if TYPE_CHECKING:
     from miles_lite.engine.http.client import EngineClient
+    from miles_lite.engine.smg import SmgFront
 
 __all__ = ["Fleet", "FleetStatistics", "WeightSource"]
 
@@ -181,11 +182,16 @@ class Fleet:
     async def read_version(self, engine: EngineSlot) -> str | None:
         """``engine``'s ``/model_info`` weight version (one bounded attempt); None when it
         did not say."""
+        return await self.read_url_version(engine.url)
+
+    async def read_url_version(self, url: str) -> str | None:
+        """The ``/model_info`` weight version of the engine at ``url`` (one bounded
+        attempt); None when it did not say."""
         timeout_s = self._balancer.config.health_timeout_s
         with anyio.move_on_after(timeout_s):
             try:
                 info = await self._client.get_json(
-                    engine.url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False
+                    url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False
                 )
             except EngineError:
                 return None
@@ -320,13 +326,19 @@ class Fleet:
             self._catching.discard(engine.url)
 
     async def _update_one(self, engine: EngineSlot, source: WeightSource) -> tuple[str | None, str]:
-        """One catch-up of ``engine``: pause (retract, only while requests of ours are
-        still at it), load, flush, continue (shielded), read. Its version after, and why
-        it failed ('' if it did not)."""
+        """One catch-up of ``engine`` (paused only while requests of ours are still at
+        it): see :meth:`_update_url`."""
+        return await self._update_url(engine.url, source, paused=engine.in_flight > 0)
+
+    async def _update_url(
+        self, url: str, source: WeightSource, *, paused: bool
+    ) -> tuple[str | None, str]:
+        """One catch-up of the engine at ``url``: pause (retract, if ``paused``), load,
+        flush, continue (shielded), read. Its version after, and why it failed ('' if it
+        did not)."""
         assert source.path is not None
-        client, urls, control_s = self._client, [engine.url], source.control_timeout_s
+        client, urls, control_s = self._client, [url], source.control_timeout_s
         why = ""
-        paused = engine.in_flight > 0
         try:
             if paused:
                 await pause_generation(client, urls, PauseMode.RETRACT, timeout_s=control_s)
@@ -348,6 +360,72 @@ class Fleet:
         read = await read_weight_versions(client, urls, timeout_s=control_s)
         version = read.engines[0].version
         return version, "" if version == source.version else f"reports {version!r}"
+
+    # -- behind SGLang's router ------------------------------------------------------------
+
+    def fence_worker(self, front: SmgFront, url: str, version: str, why: str) -> None:
+        """The engine at ``url`` behind smg does not serve ``version``: take it off smg's
+        worker list (smg then routes it nothing new; what it holds goes on), catch it up
+        from the last update's source (backoff, at most ``max_catch_up_tries``), and
+        register it with smg again once it reports ``version``. Without a folder to catch
+        up from, it is only logged (it stays at smg)."""
+        source = self.source
+        if self._tg is None or url in self._catching:
+            return
+        self._count("fenced")
+        if source is None or source.path is None or source.version != version:
+            _log.warning(
+                "engine %s behind SGLang's router reports another weight version than %r"
+                " (%s) and there is no folder to catch it up from: smg keeps routing to it",
+                url,
+                version,
+                why,
+            )
+            return
+        _log.warning(
+            "engine %s behind SGLang's router off smg until it reports %r: %s", url, version, why
+        )
+        self._catching.add(url)
+        self._tg.start_soon(self._catch_up_worker, front, url, source, name=f"catch-up {url}")
+
+    async def _catch_up_worker(self, front: SmgFront, url: str, source: WeightSource) -> None:
+        delay = self._backoff_s
+        tries = self._balancer.config.max_catch_up_tries
+        try:
+            try:
+                await front.remove_worker(url)
+            except (EngineError, TimeoutError) as exc:
+                _log.error("could not take engine %s off smg at %s: %s", url, front.url, exc)
+            for attempt in range(1, tries + 1):
+                if self.source is not source:
+                    return  # a newer update reached it, or will fence it again
+                version, why = await self._update_url(url, source, paused=True)
+                if version == source.version:
+                    self._count("catch_ups")
+                    try:
+                        await front.add_worker(url)
+                    except EngineError as exc:
+                        _log.error("could not add engine %s back to smg: %s", url, exc)
+                        return
+                    self._count("readmitted")
+                    _log.info("engine %s caught up to %r, back at smg", url, version)
+                    return
+                self._count("catch_up_failures")
+                _log.warning("catch-up of engine %s to %r failed (%s)", url, source.version, why)
+                if attempt < tries:
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, self._max_backoff_s)
+            self._count("catch_up_gave_up")
+            _log.error(
+                "catch-up of engine %s to %r from %s gave up after %d failed tries: it stays"
+                " off smg",
+                url,
+                source.version,
+                source.path,
+                tries,
+            )
+        finally:
+            self._catching.discard(url)
 
     # -- joins and removals --------------------------------------------------------------
 

@@ -11,15 +11,13 @@ from typing import TYPE_CHECKING
 import anyio
 
 from miles_lite.engine.balancer import Balancer, EngineSlot
+from miles_lite.engine.control import abort_requests
 from miles_lite.engine.fleet import Fleet, WeightSource
 from miles_lite.engine.versions import WeightVersions
-from miles_lite.errors import ConfigError
 
 if TYPE_CHECKING:
-    import os
-
+    from miles_lite.engine.http.client import EngineClient
     from miles_lite.engine.smg import SmgFront
-    from miles_lite.engine.updates import WeightUpdateConfig, WeightUpdateReport
 
 __all__ = ["FleetControl"]
 
@@ -31,6 +29,7 @@ class FleetControl:
     doc); the state is the router's."""
 
     _front: SmgFront | None
+    _client: EngineClient
     _fleet: Fleet
     _balancer: Balancer
     versions: WeightVersions
@@ -47,19 +46,17 @@ class FleetControl:
         (:mod:`~miles_lite.engine.fleet`). Whether it is clear of the version gate.
         ``KeyError`` for an unknown URL.
 
-        Through SGLang's router, an engine behind it cannot leave the rotation (which
-        engine serves is smg's choice): one that did not take the update is logged and
-        reported (``update_weights`` raises naming it); take it out of smg yourself."""
+        Through SGLang's router (which chooses the engine), an engine behind it reporting
+        another version is taken off smg's worker list (``DELETE /workers/{id}``: smg
+        routes it nothing new, what it holds goes on), caught up from the last update's
+        source, and registered again (``POST /workers``) once it reports the current
+        version (:meth:`Fleet.fence_worker <miles_lite.engine.fleet.Fleet.fence_worker>`)."""
         current = self.versions.current
         if self._behind_front(url):
             if current is not None and version != current:
-                _log.warning(
-                    "engine %s behind SGLang's router reports weight version %r, not %r:"
-                    " smg keeps routing to it (remove it from smg or update it again)",
-                    url,
-                    version,
-                    current,
-                )
+                assert self._front is not None
+                why = f"it reports weight version {version!r}"
+                self._fleet.fence_worker(self._front, url, current, why)
                 return False
             return True
         return self._fleet.reported(self._engine(url), version)
@@ -71,7 +68,8 @@ class FleetControl:
         once. ``KeyError`` for an unknown URL; behind SGLang's router, see
         :meth:`reported_version`."""
         if self._behind_front(url):
-            self.reported_version(url, None)
+            assert self._front is not None
+            self._fleet.fence_worker(self._front, url, version, "told to await it")
             return
         self._fleet.fence(self._engine(url), version, "told to await it")
 
@@ -103,22 +101,6 @@ class FleetControl:
         what an engine that reports another version is caught up from."""
         return self._fleet.source
 
-    async def update_weights(
-        self,
-        model_path: str | os.PathLike[str] | None,
-        *,
-        version: str | int,
-        config: WeightUpdateConfig | None = None,
-        check: bool = True,
-    ) -> WeightUpdateReport:
-        """Update the engines to ``version`` from ``model_path``: see
-        :func:`~miles_lite.engine.updates.update_engines`."""
-        from miles_lite.engine.router import Router
-        from miles_lite.engine.updates import update_engines
-
-        assert isinstance(self, Router)
-        return await update_engines(self, model_path, version=version, config=config, check=check)
-
     def update_targets(self) -> tuple[str, ...]:
         """The engines a weight update goes to: healthy and not draining (through SGLang's
         router, every engine it lists)."""
@@ -149,10 +131,20 @@ class FleetControl:
         """Add the engine at ``url``: probed, brought to the current weights (the last
         update's source) and only then routed to. Whether it serves now; otherwise the
         health loop and its catch-up go on (see :mod:`~miles_lite.engine.fleet`).
-        ``ConfigError`` for a bad or known URL, or through SGLang's router (add the
-        worker to smg)."""
+        ``ConfigError`` for a bad or known URL. Through SGLang's router, the engine is
+        registered with smg (``POST /workers``) only once it reports the current version
+        (caught up first when it does not); False then (smg adds it in the background)."""
         self._check_open()
-        self._no_front("add_engine")
+        if self._front is not None:
+            front = self._front
+            version = await self._fleet.read_url_version(url)
+            current = self.versions.current
+            if current is None or version == current:
+                await front.add_worker(url)
+            else:
+                why = f"it joins reporting weight version {version!r}"
+                self._fleet.fence_worker(front, url, current, why)
+            return False
         return await self._fleet.add(url)
 
     async def remove_engine(
@@ -161,15 +153,21 @@ class FleetControl:
         """Remove the engine at ``url``: it takes no new request; with ``drain`` its
         requests finish, else they are aborted (they come back as partial samples,
         within ``abort_timeout_s``); then it is forgotten. ``KeyError`` for an unknown
-        URL; ``ConfigError`` through SGLang's router (remove the worker from smg)."""
+        URL. Through SGLang's router, the worker is taken off smg (``DELETE
+        /workers/{id}``: it routes it nothing new); without ``drain`` the engine's
+        requests are aborted there too. ``KeyError`` when smg does not list it."""
         self._check_open()
-        self._no_front("remove_engine")
+        if self._front is not None:
+            if not await self._front.remove_worker(url):
+                raise KeyError(url)
+            if not drain:
+                await abort_requests(
+                    self._client,
+                    {url: ()},
+                    abort_all=True,
+                    timeout_s=abort_timeout_s,
+                    settle_timeout_s=abort_timeout_s,
+                )
+            return
         engine = self._engine(url)
         await self._fleet.remove(engine, drain=drain, abort_timeout_s=abort_timeout_s)
-
-    def _no_front(self, what: str) -> None:
-        if self._front is not None:
-            raise ConfigError(
-                f"Router.{what} cannot change the engines behind SGLang's router"
-                f" {self._front.url}: add or remove the worker at smg itself"
-            )

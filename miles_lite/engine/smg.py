@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from miles_lite.engine.config import RouterConfig, SmgConfig
-from miles_lite.errors import ConfigError, EngineError, EngineProtocolError, EngineUnavailableError
+from miles_lite.errors import (
+    ConfigError,
+    EngineError,
+    EngineProtocolError,
+    EngineStatusError,
+    EngineUnavailableError,
+)
 
 if TYPE_CHECKING:
     from miles_lite.engine.http.client import EngineClient
@@ -166,6 +172,45 @@ class SmgFront:
         self.workers = parse_workers(answer, self.url)
         self.last_error = None
         return self.workers
+
+    async def add_worker(self, url: str) -> None:
+        """Register the engine at ``url`` with the router (``POST /workers``; smg checks its
+        health in the background, then routes to it). A worker smg still drains at that URL
+        (for about 5 s after its removal) answers 409: tried again every
+        ``_OPEN_POLL_S`` x 5 until it is gone, at most ``SmgConfig.open_timeout_s``;
+        already listed and not draining: nothing to do. Raises the client's engine
+        errors."""
+        timeout_s = self._config.health_timeout_s
+        deadline = time.monotonic() + self.smg.open_timeout_s
+        while True:
+            try:
+                await self._client.post_json(
+                    self.url, WORKERS_PATH, {"url": url}, timeout_s=timeout_s, retry=False
+                )
+                return
+            except EngineStatusError as exc:
+                if exc.status != 409 or time.monotonic() >= deadline:
+                    raise
+            with anyio.fail_after(timeout_s):
+                await self.refresh()
+            if any(w.url == url and w.status != "draining" for w in self.workers):
+                return
+            await anyio.sleep(_OPEN_POLL_S * 5)
+
+    async def remove_worker(self, url: str) -> bool:
+        """Take the engine at ``url`` off the router (``DELETE /workers/{id}``): smg routes
+        it no new request (it lists it ``draining``, then forgets it); the requests it
+        holds go on. False when the router does not list it. Raises the client's engine
+        errors."""
+        timeout_s = self._config.health_timeout_s
+        with anyio.fail_after(timeout_s):
+            await self.refresh()
+        ids = [w.id for w in self.workers if w.url == url and w.status != "draining"]
+        for worker_id in ids:
+            await self._client.delete_json(
+                self.url, f"{WORKERS_PATH}/{worker_id}", timeout_s=timeout_s
+            )
+        return bool(ids)
 
     async def wait_ready(self) -> None:
         """Wait until the router lists ``min_workers`` healthy engines, at most

@@ -213,6 +213,12 @@ class EngineClient(AsyncResource):
         raw = await self._call("POST", url, path, data, request_id, None, timeout_s, retry, headers)
         return _parse_json(raw, "POST", path)
 
+    async def delete_json(self, url: str, path: str, *, timeout_s: float | None = None) -> Any:
+        """DELETE ``url + path`` (one attempt) and return the answer parsed as JSON (for
+        smg's ``/workers/{id}``); raises as :meth:`post_json`."""
+        raw = await self._call("DELETE", url, path, None, None, None, timeout_s, False, None)
+        return _parse_json(raw, "DELETE", path)
+
     async def health(
         self, url: str, *, path: str = "/health", timeout_s: float | None = None
     ) -> bool:
