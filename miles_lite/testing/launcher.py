@@ -35,7 +35,7 @@ def free_port(host: str) -> int:
 class ServerProcess(StartStop):
     """A server child process in its own process group (see the module docstring).
 
-    ``name`` names it in errors and its log file. ``url`` raises
+    ``name`` names it in errors, ``log_prefix`` its log file (``/tmp/<prefix>-<port>-*.log``). ``url`` raises
     :class:`~miles_lite.testing.StandInError` before start and after stop; a stopped
     server cannot be started again.
     """
@@ -43,8 +43,9 @@ class ServerProcess(StartStop):
     #: Lines of the log quoted in a start error.
     tail_lines = 40
 
-    def __init__(self, *, name: str, host: str) -> None:
+    def __init__(self, *, name: str, log_prefix: str, host: str) -> None:
         self._name = name
+        self._log_prefix = log_prefix
         self._host = host
         self._proc: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
@@ -89,7 +90,7 @@ class ServerProcess(StartStop):
         self, command: Sequence[str], *, port: int, env: Mapping[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         """Start ``command`` (serving on ``port``) in a new session, output to a log file."""
-        fd, name = tempfile.mkstemp(prefix=f"{self._name}-{port}-", suffix=".log")
+        fd, name = tempfile.mkstemp(prefix=f"{self._log_prefix}-{port}-", suffix=".log")
         self._log_path = Path(name)
         with os.fdopen(fd, "wb") as log:
             proc = subprocess.Popen(

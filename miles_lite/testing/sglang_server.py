@@ -134,7 +134,7 @@ class SGLangServer(ServerProcess):
 
     def __init__(self, config: SGLangServerConfig | None = None) -> None:
         self._config = config if config is not None else SGLangServerConfig()
-        super().__init__(name="SGLang server", host=self._config.host)
+        super().__init__(name="SGLang server", log_prefix="sglang", host=self._config.host)
         #: SGLang's shared-memory segments that existed before this server started.
         self._shm_before: frozenset[str] = frozenset()
 

@@ -69,7 +69,7 @@ class SmgRouter(ServerProcess):
             raise ValueError(f"SmgRouter worker_urls must be a list of URLs, got {worker_urls!r}")
         if isinstance(flags, str):
             raise ValueError(f"SmgRouter flags must be a sequence of arguments, got {flags!r}")
-        super().__init__(name="smg", host=host)
+        super().__init__(name="smg", log_prefix="smg", host=host)
         self.worker_urls = list(worker_urls)
         self.host = host
         self.policy = policy
