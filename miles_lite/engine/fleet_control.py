@@ -5,7 +5,8 @@ removed at runtime (:mod:`~miles_lite.engine.fleet`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import anyio
@@ -100,6 +101,19 @@ class FleetControl:
         """Where the current weights came from (the last update that moved the version);
         what an engine that reports another version is caught up from."""
         return self._fleet.source
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Give no lease for the duration of the block (a weight update runs): requests
+        wait in the router, not at paused engines, and leave with the new version's cache
+        key. Leases already given are not affected. Not reentrant."""
+        if self._balancer.held:
+            raise RuntimeError("router.holding() is already in effect (one update at a time)")
+        self._balancer.hold(True)
+        try:
+            yield
+        finally:
+            self._balancer.hold(False)
 
     def update_targets(self) -> tuple[str, ...]:
         """The engines a weight update goes to: healthy and not draining (through SGLang's

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,9 +30,12 @@ from miles_lite.engine.health import HealthMonitor
 from miles_lite.engine.http._routing import sticky
 from miles_lite.engine.readiness import SHORT_READY_WAIT_S, not_ready, refuses
 from miles_lite.engine.smg import SmgFront, SmgWorker
+from miles_lite.engine.updates import WeightUpdateConfig, WeightUpdateReport, update_engines
 from miles_lite.engine.versions import WeightVersions
 
 if TYPE_CHECKING:
+    import os
+
     from miles_lite.engine.http.client import EngineClient
     from miles_lite.engine.http.response import BodyAllocator, RawResponse
 
@@ -256,18 +259,17 @@ class Router(AsyncResource, FleetControl):
             )
         return tuple(u for u in self.urls if u in ready)
 
-    @contextmanager
-    def holding(self) -> Iterator[None]:
-        """Give no lease for the duration of the block (a weight update runs): requests
-        wait in the router, not at paused engines, and leave with the new version's cache
-        key. Leases already given are not affected. Not reentrant."""
-        if self._balancer.held:
-            raise RuntimeError("router.holding() is already in effect (one update at a time)")
-        self._balancer.hold(True)
-        try:
-            yield
-        finally:
-            self._balancer.hold(False)
+    async def update_weights(
+        self,
+        model_path: str | os.PathLike[str] | None,
+        *,
+        version: str | int,
+        config: WeightUpdateConfig | None = None,
+        check: bool = True,
+    ) -> WeightUpdateReport:
+        """Update the engines to ``version`` from ``model_path``: see
+        :func:`~miles_lite.engine.updates.update_engines`."""
+        return await update_engines(self, model_path, version=version, config=config, check=check)
 
     def _engine(self, url: str) -> EngineSlot:
         try:

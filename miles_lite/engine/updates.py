@@ -48,9 +48,10 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -69,9 +70,29 @@ from miles_lite.errors import ConfigError, EngineControlError, EngineError
 from miles_lite.sglang.control import PauseMode
 
 if TYPE_CHECKING:
-    from miles_lite.engine.router import Router
+    from miles_lite.engine.http.client import EngineClient
+    from miles_lite.engine.versions import WeightVersions
 
-__all__ = ["WeightUpdateConfig", "WeightUpdateReport", "update_engines"]
+__all__ = ["UpdateTarget", "WeightUpdateConfig", "WeightUpdateReport", "update_engines"]
+
+
+class UpdateTarget(Protocol):
+    """What an update needs of the router that runs it (:class:`~miles_lite.engine.router.Router`
+    is one): its versions and client, the engines to update, a hold on new leases, and
+    the record of who took it."""
+
+    versions: WeightVersions
+
+    @property
+    def client(self) -> EngineClient: ...
+
+    def update_targets(self) -> tuple[str, ...]: ...
+
+    def holding(self) -> AbstractContextManager[None]: ...
+
+    def settle_update(
+        self, source: WeightSource, took: Collection[str], *, mode: str, kept_kv: bool
+    ) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,7 +232,7 @@ class WeightUpdateReport:
 
 
 async def update_engines(
-    router: Router,
+    router: UpdateTarget,
     model_path: str | os.PathLike[str] | None,
     *,
     version: str | int,
@@ -320,7 +341,7 @@ async def update_engines(
 
 
 async def _settle_interrupted(
-    router: Router, source: WeightSource, urls: Sequence[str], mode: PauseMode
+    router: UpdateTarget, source: WeightSource, urls: Sequence[str], mode: PauseMode
 ) -> tuple[str, ...]:
     """After an update stopped before it settled: read the versions once (bounded); if
     some engine took the new one, record it (its KV marked as kept: the flush may not

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from miles_lite.errors import JournalError
 
-__all__ = ["SCHEMA_VERSION", "connect", "journal_error"]
+__all__ = ["GROUP_KEY", "SCHEMA_VERSION", "connect", "journal_error"]
 
 #: Bumped when a table changes; a file of another version is refused, never half-read.
 SCHEMA_VERSION = 1
@@ -113,3 +113,8 @@ def connect(
         conn.close()
         raise journal_error(path, exc, "opening it") from exc
     return conn
+
+
+#: The metadata key that carries a group's journal id on its samples (a carried-over
+#: group, from ``result.partial`` or a resume, keeps its record).
+GROUP_KEY = "journal_group"

@@ -30,7 +30,7 @@ import anyio.to_thread
 
 from miles_lite._core.resources import AsyncResource
 from miles_lite.errors import ConfigError, JournalError
-from miles_lite.training._schema import connect, journal_error
+from miles_lite.training._schema import GROUP_KEY, connect, journal_error
 from miles_lite.training._writer import Write, Writer, WriterStatistics
 from miles_lite.training.codec import encode_handed, encode_samples, encode_value
 from miles_lite.types import Sample
@@ -54,9 +54,6 @@ _OPERATIONAL = frozenset(
         "weight_update",
     }
 )
-#: The metadata key that carries a group's journal id on its samples (a carried-over
-#: group, from ``result.partial`` or a resume, keeps its record).
-GROUP_KEY = "journal_group"
 
 
 @dataclass(frozen=True, kw_only=True)

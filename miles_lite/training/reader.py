@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from miles_lite.errors import JournalError
-from miles_lite.training._schema import connect, journal_error
+from miles_lite.training._schema import GROUP_KEY, connect, journal_error
 from miles_lite.training.codec import decode_samples, handed_entries, resolve_entry
-from miles_lite.training.journal import GROUP_KEY
 from miles_lite.types import Sample, SampleStatus
 
 __all__ = [

@@ -20,7 +20,8 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.spans import UnitSpan
-from miles_lite.training.journal import GROUP_KEY, Journal
+from miles_lite.training._schema import GROUP_KEY
+from miles_lite.training.journal import Journal
 from miles_lite.training.reader import ResumeState
 from miles_lite.types import Sample
 
