@@ -28,6 +28,11 @@ __all__ = ["IN_PLACE_MIN_BYTES", "AiohttpTransport", "classify_aiohttp"]
 _CLOSE_TIMEOUT_S = 5.0
 #: Distinct sets of bounds whose aiohttp timeout objects are kept.
 _MAX_TIMEOUTS = 64
+#: How long an idle pooled connection is kept, in seconds: under the 5 s after which
+#: uvicorn (SGLang's HTTP server) closes an idle keep-alive connection. aiohttp's 15 s
+#: default reused connections the server was closing: the chaos tier lost a real
+#: pause_generation sent 5.0 s after the connection's last request (ServerDisconnected).
+KEEPALIVE_S = 4.0
 # identity: Content-Length must be the body's size, and compressed bodies would need a
 # decompression pass on the loop.
 _GET_HEADERS = {"Accept-Encoding": "identity"}
@@ -207,7 +212,9 @@ class AiohttpTransport:
         if self._session is None:
             config = self._config
             connector = aiohttp.TCPConnector(
-                limit=config.max_connections, limit_per_host=config.max_connections_per_host
+                limit=config.max_connections,
+                limit_per_host=config.max_connections_per_host,
+                keepalive_timeout=KEEPALIVE_S,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
