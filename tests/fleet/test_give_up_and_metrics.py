@@ -58,7 +58,7 @@ async def test_a_catch_up_failing_on_one_folder_gives_up_and_the_run_metrics_cou
         assert first.metrics["fleet/fenced"] == 1.0
         assert first.metrics["fleet/joined"] == first.metrics["fleet/removed"] == 0.0
 
-        await wait_until(lambda: router.statistics().fleet.catch_up_gave_up == 1)
+        await wait_until(lambda: router.statistics().fleet.catch_up_gave_up == 1, 30.0)
         fleet = router.statistics().fleet
         assert (fleet.catch_up_failures, fleet.catch_ups, fleet.readmitted) == (2, 0, 0)
         given_up = [r for r in caplog.records if "gave up after 2 failed tries" in r.message]
@@ -66,7 +66,7 @@ async def test_a_catch_up_failing_on_one_folder_gives_up_and_the_run_metrics_cou
         # Health rounds go on, the engine answers /health and /model_info, and still no
         # third try: it stays out until the next update or its next return.
         rounds = router.statistics().health_rounds
-        await wait_until(lambda: router.statistics().health_rounds >= rounds + 10)
+        await wait_until(lambda: router.statistics().health_rounds >= rounds + 5, 30.0)
         assert router.statistics().fleet.catch_up_failures == 2
         assert router.healthy_urls == (good.url,)
         served = len(bad.statistics().requests)
