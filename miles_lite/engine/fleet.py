@@ -1,6 +1,10 @@
 """The fleet: engines that join, leave, die, hang and come back while a rollout runs, and
 the weight fence that keeps each one out of rotation until it serves the current weights.
 
+Behind SGLang's router, an engine on other weights is taken off smg's worker list while
+it is caught up, then registered again (:meth:`Fleet.fence_worker`). A catch-up that
+keeps failing from one source gives up after ``RouterConfig.max_catch_up_tries``.
+
 The router owns one :class:`Fleet`. It remembers the current weights' source (the path
 and version of the last successful update, :class:`WeightSource`). An engine is out of
 rotation (:attr:`EngineSlot.serving <miles_lite.engine.balancer.EngineSlot.serving>`)
@@ -397,8 +401,18 @@ class Fleet:
             except (EngineError, TimeoutError) as exc:
                 _log.error("could not take engine %s off smg at %s: %s", url, front.url, exc)
             for attempt in range(1, tries + 1):
-                if self.source is not source:
-                    return  # a newer update reached it, or will fence it again
+                if self.source is not source and self.source is not None:
+                    # A newer update (smg no longer lists it: it did not reach it).
+                    source = self.source
+                    if source.path is None:
+                        _log.error(
+                            "engine %s is off smg and the current weights %r were pushed"
+                            " by the trainer (no folder): add it back once it serves them",
+                            url,
+                            source.version,
+                        )
+                        return
+                assert source.path is not None
                 version, why = await self._update_url(url, source, paused=True)
                 if version == source.version:
                     self._count("catch_ups")
