@@ -56,7 +56,7 @@ CHAOS_ROUTER = RouterConfig(
     readmit_cooldown_s=0.2,
     wait_timeout_s=120.0,
 )
-SAMPLING = TextSamplingParams(max_new_tokens=48, extra={"ignore_eos": True})
+SAMPLING = TextSamplingParams(max_new_tokens=32, extra={"ignore_eos": True})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -239,6 +239,17 @@ def check_exactly_once(result: RolloutResult, groups: int, per_group: int) -> di
         if sample.status is SampleStatus.FAILED:
             assert isinstance(sample.error, MilesLiteError), sample.error
     return counts
+
+
+def failures(result: RolloutResult) -> list[BaseException]:
+    """The typed errors of the FAILED samples."""
+    return [
+        s.error
+        for part in (result.groups, result.filtered, result.partial)
+        for g in part
+        for s in g
+        if s.status is SampleStatus.FAILED and s.error is not None
+    ]
 
 
 def no_rid_reached_two(*rid_lists: list[str]) -> None:

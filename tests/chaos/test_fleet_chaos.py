@@ -17,13 +17,14 @@ from typing import Any
 import anyio
 import pytest
 
-from miles_lite.errors import EngineControlError
+from miles_lite.errors import EngineControlError, EngineTimeoutError
 from tests.support.polling import wait_until
 
 from .conftest import (
     Fleet,
     chaos_rollout,
     check_exactly_once,
+    failures,
     no_rid_reached_two,
     perturbed,
     rescore,
@@ -80,6 +81,8 @@ async def test_an_engine_killed_mid_rollout_serves_again_only_after_catch_up(
             killed_rids = fleet.received(1)
             fleet.kill(1)  # mid-rollout
         counts = check_exactly_once(results[0], groups=8, per_group=4)
+        # Only the killed engine's requests failed, each naming it.
+        assert all(fleet.urls[1] in str(e) for e in failures(results[0])), counts
         rescore(fleet.models, results[0])
         await wait_until(lambda: fleet.urls[1] not in router.healthy_urls, timeout_s=30)
         restarted = await anyio.to_thread.run_sync(fleet.restart, 1)  # launch weights
@@ -151,6 +154,9 @@ async def test_an_engine_stopped_past_the_read_timeout_fails_its_requests_and_co
             finally:
                 os.killpg(pid, signal.SIGCONT)
         counts = check_exactly_once(results[0], groups=8, per_group=4)
+        # Only the stopped engine's requests failed: timed out, naming it (never re-sent).
+        for error in failures(results[0]):
+            assert isinstance(error, EngineTimeoutError) and fleet.urls[1] in str(error), error
         rescore(fleet.models, results[0])
         await wait_until(lambda: fleet.urls[1] in router.healthy_urls, timeout_s=60)
         result = await rollout.run(PROMPTS * 2)
