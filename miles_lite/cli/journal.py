@@ -3,7 +3,9 @@
 - ``show run.db``: groups by verdict, statuses, weight versions, and per committed step its
   groups, samples, reward mean and batch digest;
 - ``export run.db --out samples.jsonl``: one JSON line per handed sample (step, group,
-  prompt id, index, status, reward, tokens, response length, log-probs, versions);
+  prompt id, index, status, reward, tokens, response length, loss mask, log-probs,
+  versions); ``--out samples.parquet``: the same rows as Parquet (list columns; needs
+  pyarrow, the ``parquet`` extra);
 - ``replay run.db --step N``: the training batch of step N rebuilt, its digest against the
   one journaled at commit (exit 1 when they differ);
 - ``audit run.db --engine URL``: the journaled tokens re-scored on a live engine,
@@ -40,7 +42,9 @@ def add_journal_parser(sub: Any) -> argparse.ArgumentParser:
     journal.add_argument("action", choices=["show", "export", "replay", "audit"])
     journal.add_argument("path", type=Path, help="the journal file")
     journal.add_argument("--step", type=int, default=None, help="replay: the committed step")
-    journal.add_argument("--out", type=Path, default=None, help="export: the JSONL file")
+    journal.add_argument(
+        "--out", type=Path, default=None, help="export: the .jsonl or .parquet file"
+    )
     journal.add_argument("--engine", default=None, help="audit: the engine URL (http://...)")
     journal.add_argument("--limit", type=int, default=None, help="audit: samples at most")
     journal.add_argument("--json", action="store_true", help="one JSON line instead of a table")
@@ -132,18 +136,19 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
+def _export_rows(path: Path) -> list[dict[str, Any]]:
+    """One row per handed sample, in hand-off order (what ``export`` writes)."""
     from miles_lite.training.reader import iter_handed, open_reader
 
-    out = args.out or args.path.with_suffix(".jsonl")
-    conn = open_reader(args.path)
-    lines = 0
+    conn = open_reader(path)
+    rows: list[dict[str, Any]] = []
     try:
-        with out.open("w") as file:
-            for gid, prompt_id, step, group in iter_handed(conn):
-                for sample in group:
-                    log_probs = sample.rollout_log_probs
-                    row = {
+        for gid, prompt_id, step, group in iter_handed(conn):
+            for sample in group:
+                log_probs = sample.rollout_log_probs
+                mask = sample.loss_mask
+                rows.append(
+                    {
                         "step": step,
                         "group": gid,
                         "prompt_id": prompt_id,
@@ -152,13 +157,78 @@ def _export(args: argparse.Namespace) -> int:
                         "reward": sample.reward,
                         "tokens": sample.tokens,
                         "response_length": sample.response_length,
+                        "loss_mask": list(mask) if mask is not None else None,
                         "rollout_log_probs": log_probs if isinstance(log_probs, list) else None,
                         "weight_spans": [[w.version, w.start, w.end] for w in sample.weight_spans],
                     }
-                    file.write(json.dumps(row) + "\n")
-                    lines += 1
+                )
     finally:
         conn.close()
+    return rows
+
+
+def _parquet_schema() -> Any:
+    """The Parquet columns of an exported row: list columns for tokens, mask and
+    log-probs; a reward that is not one number (a dict of them) is kept as its JSON text
+    in ``reward_json``."""
+    import pyarrow as pa
+
+    span = pa.struct([("version", pa.string()), ("start", pa.int64()), ("end", pa.int64())])
+    return pa.schema(
+        [
+            ("step", pa.int64()),
+            ("group", pa.int64()),
+            ("prompt_id", pa.string()),
+            ("index", pa.int64()),
+            ("status", pa.string()),
+            ("reward", pa.float64()),
+            ("reward_json", pa.string()),
+            ("tokens", pa.list_(pa.int64())),
+            ("response_length", pa.int64()),
+            ("loss_mask", pa.list_(pa.int64())),
+            ("rollout_log_probs", pa.list_(pa.float64())),
+            ("weight_spans", pa.list_(span)),
+        ]
+    )
+
+
+def _write_parquet(rows: list[dict[str, Any]], out: Path) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise JournalError(
+            f"exporting to {out} (Parquet) needs pyarrow: pip install 'miles-lite[parquet]'"
+            " (or pip install 'pyarrow>=14')"
+        ) from exc
+    columns: dict[str, list[Any]] = {name: [] for name in _parquet_schema().names}
+    for row in rows:
+        reward = row["reward"]
+        number = isinstance(reward, int | float) and not isinstance(reward, bool)
+        for name in columns:
+            if name == "reward":
+                columns[name].append(float(reward) if number else None)
+            elif name == "reward_json":
+                columns[name].append(None if number or reward is None else json.dumps(reward))
+            elif name == "weight_spans":
+                columns[name].append(
+                    [{"version": v, "start": a, "end": b} for v, a, b in row[name]]
+                )
+            else:
+                columns[name].append(row[name])
+    pq.write_table(pa.table(columns, schema=_parquet_schema()), out)
+
+
+def _export(args: argparse.Namespace) -> int:
+    out = args.out or args.path.with_suffix(".jsonl")
+    rows = _export_rows(args.path)
+    if out.suffix == ".parquet":
+        _write_parquet(rows, out)
+    else:
+        with out.open("w") as file:
+            for row in rows:
+                file.write(json.dumps(row) + "\n")
+    lines = len(rows)
     print(
         json.dumps({"out": str(out), "samples": lines})
         if args.json

@@ -107,3 +107,57 @@ async def test_show_export_replay_and_audit_a_journal(
 
     assert await anyio.to_thread.run_sync(cli, "show", str(tmp_path / "nope.db")) == 2
     assert "no journal at" in capsys.readouterr().err
+
+
+async def test_export_parquet_holds_the_jsonl_rows(
+    tmp_path: Path, journaled: Journaled, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "run.db"
+    prompts = [PromptGroup(prompt=f"p {i}", metadata={"prompt_id": i}) for i in range(3)]
+    async with journaled(path) as (rollout, _):
+        first = await rollout.run(prompts[:2])
+        await rollout.commit(1, batch=training_batch(first.groups))
+        second = await rollout.run(prompts[2:])  # handed, not committed: step None
+    handed = [s for r in (first, second) for g in r.groups for s in g]
+
+    jsonl, parquet = tmp_path / "x.jsonl", tmp_path / "x.parquet"
+    for out in (jsonl, parquet):
+        assert await anyio.to_thread.run_sync(cli, "export", str(path), "--out", str(out)) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"6 samples -> {jsonl}",
+        f"6 samples -> {parquet}",
+    ]
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    table = pq.read_table(parquet).to_pylist()
+    assert len(rows) == len(table) == 6
+    assert [r["loss_mask"] for r in rows] == [s.loss_mask for s in handed]
+    assert [r["step"] for r in rows] == [1, 1, 1, 1, None, None]
+    for row, back in zip(rows, table, strict=True):
+        assert back.pop("reward_json") is None
+        back["weight_spans"] = [[w["version"], w["start"], w["end"]] for w in back["weight_spans"]]
+        assert back == row
+    # list columns, not JSON text
+    schema = pq.read_schema(parquet)
+    for name, value_type in (("tokens", "int64"), ("loss_mask", "int64")):
+        assert str(schema.field(name).type.value_type) == value_type
+    assert str(schema.field("rollout_log_probs").type.value_type) == "double"
+
+
+async def test_export_parquet_without_pyarrow_names_the_extra(
+    tmp_path: Path, journaled: Journaled
+) -> None:
+    path = tmp_path / "run.db"
+    async with journaled(path) as (rollout, _):
+        await rollout.run([PromptGroup(prompt="p", metadata={"prompt_id": 0})])
+    out = tmp_path / "x.parquet"
+    # A process of its own in which pyarrow cannot be imported (as on a base install).
+    code = (
+        "import sys; sys.modules['pyarrow'] = None; from miles_lite.cli import main;"
+        f" sys.exit(main(['journal', 'export', {str(path)!r}, '--out', {str(out)!r}]))"
+    )
+    done = await anyio.run_process([sys.executable, "-c", code], check=False)
+    assert done.returncode == 2
+    err = done.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and "pip install 'miles-lite[parquet]'" in err[0] and str(out) in err[0]
+    assert not out.exists()
