@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import math
 import os
 import sqlite3
 import time
@@ -73,7 +74,16 @@ class JournalConfig:
       (ids, log-probs, weight version), so a sample in flight at a crash resumes from
       its last recorded token (``None``: samples are recorded when their call ends).
       The built-in single-turn generate function only (multi-turn and custom ones are
-      recorded when their call ends), one output per request (``n`` 1).
+      recorded when their call ends), one output per request (``n`` 1);
+    - ``stream_tokens_ms``: when set (milliseconds, > 0), a streamed sample is also
+      recorded once this long passed since its last record (or since its request began),
+      whichever of the two comes first; on its own it streams too (records by time only).
+      Checked as each chunk comes (no timer): the engine is then asked for a chunk every
+      ``stream_chunk_tokens`` tokens (at most ``stream_tokens_every``), so a record is late
+      by at most one chunk;
+    - ``stream_chunk_tokens``: the chunk size (``stream_interval``, tokens >= 1) asked of
+      the engine when ``stream_tokens_ms`` is set; SGLang's chunks are cumulative, so
+      small chunks cost bytes that grow with the square of the length.
 
     Usage: ``Journal("run.db", JournalConfig(max_bytes=2**30))``.
     """
@@ -82,6 +92,13 @@ class JournalConfig:
     max_bytes: int | None = None
     queue_size: int = 4096
     stream_tokens_every: int | None = None
+    stream_tokens_ms: float | None = None
+    stream_chunk_tokens: int = 4
+
+    @property
+    def streams(self) -> bool:
+        """Whether text samples stream their progress into the journal."""
+        return self.stream_tokens_every is not None or self.stream_tokens_ms is not None
 
     def __post_init__(self) -> None:
         if self.check not in ("quick", "full", "none"):
@@ -108,6 +125,16 @@ class JournalConfig:
         if every is not None and (type(every) is not int or every < 1):
             raise ConfigError(
                 f"JournalConfig.stream_tokens_every must be an int >= 1 or None, got {every!r}"
+            )
+        ms = self.stream_tokens_ms
+        if ms is not None and (type(ms) not in (int, float) or not math.isfinite(ms) or ms <= 0):
+            raise ConfigError(
+                f"JournalConfig.stream_tokens_ms must be a number > 0 or None, got {ms!r}"
+            )
+        chunk = self.stream_chunk_tokens
+        if type(chunk) is not int or chunk < 1:
+            raise ConfigError(
+                f"JournalConfig.stream_chunk_tokens must be an int >= 1, got {chunk!r}"
             )
 
 

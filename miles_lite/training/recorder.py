@@ -21,7 +21,7 @@ from miles_lite.rollout.kind import KindMetrics, RolloutKind
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.rollout.spans import UnitSpan
 from miles_lite.training._schema import GROUP_KEY
-from miles_lite.training.journal import Journal
+from miles_lite.training.journal import Journal, JournalConfig
 from miles_lite.training.reader import ResumeState
 from miles_lite.types import Sample
 
@@ -31,11 +31,13 @@ if TYPE_CHECKING:
 __all__ = ["JournaledKind", "ProgressScope", "RolloutJournal", "open_journal"]
 
 #: How a kind's generate call for one sample streams its progress: ``(kind, sample,
-#: record, every)`` -> a scope to run the call in, handing ``record`` the sample so far
-#: every ``every`` tokens, or None when the kind does not stream. The text rollout gives
+#: record, config)`` -> a scope to run the call in, handing ``record`` the sample so far
+#: as ``config`` says (every ``stream_tokens_every`` tokens or ``stream_tokens_ms``
+#: milliseconds), or None when the kind does not stream. The text rollout gives
 #: :func:`miles_lite.text.progress.stream_progress`.
 ProgressScope = Callable[
-    [RolloutKind, Sample, Callable[[Sample], None], int], AbstractContextManager[None] | None
+    [RolloutKind, Sample, Callable[[Sample], None], JournalConfig],
+    AbstractContextManager[None] | None,
 ]
 
 
@@ -147,20 +149,15 @@ class JournaledKind:
         if unit:
             known = unit[0].metadata.get(GROUP_KEY)
             gid = known if isinstance(known, int) else gid
-        every = recorder.journal.config.stream_tokens_every
+        config = recorder.journal.config
         scope = None
-        if (
-            every is not None
-            and recorder.progress is not None
-            and gid is not None
-            and len(unit) == 1
-        ):
+        if config.streams and recorder.progress is not None and gid is not None and len(unit) == 1:
             journal, slot, group = recorder.journal, places[0][1], gid
 
             def progress(snapshot: Sample) -> None:
                 journal.progress(group, slot, attempt, snapshot)
 
-            scope = recorder.progress(self.kind, unit[0], progress, every)
+            scope = recorder.progress(self.kind, unit[0], progress, config)
         if scope is None:
             out = await self.kind.generate(unit, span, run)
         else:

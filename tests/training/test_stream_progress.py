@@ -135,3 +135,68 @@ async def test_recorded_output_keeps_the_version_of_each_chunk_across_an_update(
         assert versions == ["v0", "v1"], s.weight_spans
         assert s.weight_spans[0].start == 0 and s.weight_spans[-1].end == s.response_length
         assert s.weight_spans[0].end == s.weight_spans[1].start
+
+
+async def test_a_slow_stream_is_recorded_by_time_before_the_token_count(
+    tmp_path: Path, journaled: Journaled
+) -> None:
+    # 40 tokens at 10 ms each: a record every 1000 tokens never comes, one every 30 ms
+    # does. Chunks of 2 tokens (>= 20 ms apart), so between two records at most 2 chunks.
+    answer, path = 40, tmp_path / "run.db"
+    config = JournalConfig(stream_tokens_every=1000, stream_tokens_ms=30, stream_chunk_tokens=2)
+    async with Journal(path, config) as journal:
+        async with journaled(journal, answer_tokens=answer, token_latency_s=0.01) as (
+            rollout,
+            engine,
+        ):
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(rollout.run, prompts(1))
+                    while journal.progress_written < 4:  # noqa: ASYNC110 (a plain counter)
+                        await anyio.sleep(0.005)
+                    scope.cancel()
+            sent = engine.statistics().requests
+            assert len(sent) == 2
+            assert all(body["sampling_params"]["stream_interval"] == 2 for body in sent)
+        assert journal.progress_skipped == 0
+    state = await anyio.to_thread.run_sync(read_resume, path)
+    resumed = [s for g in state.pending for s in g]
+    kept = [s.response_length for s in resumed if s.status_reason == "in_flight"]
+    # Recorded at chunk ends (1, 3, 5, ...): by time, far below the count of 1000.
+    assert kept and all(n % 2 == 1 and n <= answer for n in kept)
+
+    # Run to its end: each sample was recorded by time (its last in-flight chunk comes
+    # >= 390 ms after its request began), and at most once a chunk.
+    path = tmp_path / "again.db"
+    async with Journal(path, config) as journal:
+        async with journaled(journal, answer_tokens=answer, token_latency_s=0.01) as (
+            rollout,
+            _,
+        ):
+            result = await rollout.run(prompts(1))
+        made = [s.response_length for g in result.groups for s in g]
+        assert made == [answer + 1, answer + 1]  # the stand-in's answer and its stop token
+        # 21 chunks a sample (1, 3, ..., 41), the last one the whole answer
+        assert 2 <= journal.progress_written <= 2 * 20
+    # The count alone (no time): a 40-token answer is never recorded in flight.
+    path = tmp_path / "count.db"
+    async with Journal(path, JournalConfig(stream_tokens_every=1000)) as journal:
+        async with journaled(journal, answer_tokens=answer, token_latency_s=0.01) as (
+            rollout,
+            engine,
+        ):
+            await rollout.run(prompts(1))
+            sent = engine.statistics().requests
+        assert all(body["sampling_params"]["stream_interval"] == 1000 for body in sent)
+        assert journal.progress_written == 0
+
+
+def test_the_time_option_is_checked() -> None:
+    assert JournalConfig(stream_tokens_ms=50).streams
+    assert not JournalConfig().streams
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "50"):
+        with pytest.raises(ConfigError, match="stream_tokens_ms"):
+            JournalConfig(stream_tokens_ms=bad)  # type: ignore[arg-type]
+    for bad_chunk in (0, 1.5, False):
+        with pytest.raises(ConfigError, match="stream_chunk_tokens"):
+            JournalConfig(stream_chunk_tokens=bad_chunk)  # type: ignore[arg-type]
