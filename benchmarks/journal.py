@@ -9,6 +9,13 @@ journal is read back after a crash.
   at C in flight, alternately without and with a journal (each kept group handed durably,
   each sample recorded as it ends). Per sample: the event loop thread's CPU, the writer
   thread's CPU, and the throughput ratio;
+- ``grpo/stream``: the streamed GRPO loop (``benchmarks/training.py``'s ``loop/stream``,
+  as ``examples/grpo_loop.py`` runs it) on the text stand-in in its own process:
+  ``--loop-steps`` steps of ``--loop-groups`` groups of 4 samples of ``--loop-tokens``
+  tokens, a trainer step of ``--train-s`` (a sleep, the same in both), then the
+  ``training_batch``, a weight update and (with the journal) ``commit(step,
+  batch=...)``; alternately with ``journal=None`` and with a journal file. Seconds per
+  step, samples/s, the loop thread's CPU a sample and the ratio of throughputs;
 - ``recover``: a journal of ``--recover-groups`` handed groups (8 samples of
   ``--output-tokens`` each) read back by ``read_resume`` (the groups handed after the
   last commit, decoded), in seconds.
@@ -33,6 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from text_layer import MockProcess, check, engines, token_groups
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
+from miles_lite.engine.config import EngineConfig, RouterConfig
+from miles_lite.rollout import training_batch
+from miles_lite.rollout.groups import PromptGroup
+from miles_lite.testing import TextEngineProcess, TextPolicy, TextStandInConfig
 from miles_lite.training import Journal, JournalConfig
 from miles_lite.types import Sample, SampleStatus
 
@@ -78,6 +89,112 @@ class _nothing:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+class Even:
+    """The GRPO example's reward: the share of even ids in the response."""
+
+    async def score(self, samples: list[Sample]) -> list[float]:
+        out = []
+        for s in samples:
+            response = s.tokens[len(s.tokens) - s.response_length :]
+            out.append(sum(t % 2 == 0 for t in response) / max(1, len(response)))
+        return out
+
+
+async def grpo_loop(
+    url: str, args: argparse.Namespace, tokenizer: Any, journal_path: Path | None, tag: str
+) -> dict[str, float]:
+    """The streamed GRPO loop: groups handed as they finish, the next step's generated
+    while the trainer trains; with a journal, each step committed with its batch."""
+    config = TextRolloutConfig(
+        n_samples_per_prompt=4,
+        sampling=TextSamplingParams(max_new_tokens=args.loop_tokens, extra={"ignore_eos": True}),
+        engines=EngineConfig(router=RouterConfig(max_inflight_per_engine=512)),
+        reward="even",
+        max_staleness=1,
+    )
+    per_step = args.loop_groups
+    prompts = [
+        PromptGroup(prompt=f"step prompt {i}", metadata={"prompt_id": i})
+        for i in range((args.loop_steps + 2) * per_step)
+    ]
+    journal = Journal(journal_path, JournalConfig(check="none")) if journal_path else None
+    samples = 0
+    async with (
+        journal if journal is not None else _nothing(),
+        TextRollout.open(
+            [url], tokenizer=tokenizer, config=config, rewards={"even": Even()}, journal=journal
+        ) as rollout,
+    ):
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        writer0 = journal.statistics().cpu_s if journal is not None else 0.0
+        step, batch = 0, []
+        async with rollout.stream(prompts, max_ahead=2 * per_step) as groups:
+            async for group in groups:
+                batch.append(group)
+                if len(batch) < per_step:
+                    continue
+                data = training_batch(batch)
+                await anyio.sleep(args.train_s)  # the trainer's step
+                step += 1
+                samples += sum(len(g) for g in batch)
+                if journal is not None:
+                    await rollout.commit(step, batch=data)
+                await rollout.update_weights(args.model, version=f"{tag}-s{step}")
+                batch = []
+                if step == args.loop_steps:
+                    break
+        seconds = time.perf_counter() - t0
+        cpu = time.thread_time() - cpu0
+        writer = (journal.statistics().cpu_s - writer0) if journal is not None else 0.0
+    return {
+        "samples": samples,
+        "step_s": seconds / args.loop_steps,
+        "samples_per_s": samples / seconds,
+        "main_cpu_us_per_sample": 1e6 * cpu / samples,
+        "writer_cpu_us_per_sample": 1e6 * writer / samples,
+    }
+
+
+async def grpo_side_by_side(args: argparse.Namespace, tokenizer: Any, tmp: Path) -> dict[str, Any]:
+    """``grpo_loop`` alternately without and with a journal, ``--repeats`` times each, on
+    one stand-in; the best of each side."""
+    stand_in = TextStandInConfig(
+        token_latency_s=args.loop_token_latency_s,
+        max_running=512,
+        policy=TextPolicy(default_length=args.loop_tokens),
+    )
+    rows: dict[str, list[dict[str, float]]] = {"none": [], "journal": []}
+    args.model = tmp  # the scripted stand-in loads nothing
+    tag = str(int(time.time()))
+    async with TextEngineProcess(stand_in) as engine:
+        await grpo_loop(engine.url, args, tokenizer, None, f"{tag}-warm")
+        for r in range(args.repeats):
+            rows["none"].append(await grpo_loop(engine.url, args, tokenizer, None, f"{tag}-n{r}"))
+            path = tmp / f"grpo{r}.db"
+            rows["journal"].append(
+                await grpo_loop(engine.url, args, tokenizer, path, f"{tag}-j{r}")
+            )
+
+    def best(mode: str, key: str, pick: Any) -> float:
+        return float(pick(row[key] for row in rows[mode]))
+
+    out: dict[str, Any] = {
+        "mode": "grpo/stream",
+        "steps": args.loop_steps,
+        "groups_per_step": args.loop_groups,
+        "tokens": args.loop_tokens,
+        "none_step_s": best("none", "step_s", min),
+        "journal_step_s": best("journal", "step_s", min),
+        "none_samples_per_s": best("none", "samples_per_s", max),
+        "journal_samples_per_s": best("journal", "samples_per_s", max),
+        "none_main_cpu_us": best("none", "main_cpu_us_per_sample", min),
+        "journal_main_cpu_us": best("journal", "main_cpu_us_per_sample", min),
+        "journal_writer_cpu_us": best("journal", "writer_cpu_us_per_sample", min),
+    }
+    out["throughput_ratio"] = out["journal_samples_per_s"] / out["none_samples_per_s"]
+    return out
 
 
 async def loop_share(path: Path, samples: int, tokens: int) -> tuple[float, float]:
@@ -160,6 +277,7 @@ async def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
             Path(tmp) / "loop.db", 4_000, args.output_tokens
         )
         recovery = await recover(Path(tmp) / "recover.db", args.recover_groups, args.output_tokens)
+        grpo = await grpo_side_by_side(args, tokenizer, Path(tmp))
 
     def best(mode: str, key: str, pick: Any) -> float:
         return float(pick(row[key] for row in rows[mode]))
@@ -177,6 +295,7 @@ async def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "loop_us_per_sample_record": loop_us,
         "writer_us_per_sample_alone": writer_alone_us,
         "recover": recovery,
+        "grpo": grpo,
     }
     out["throughput_ratio"] = out["journal_samples_per_s"] / out["none_samples_per_s"]
     out["main_cpu_added_us"] = out["journal_main_cpu_us"] - out["none_main_cpu_us"]
@@ -192,9 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--recover-groups", type=int, default=10_000)
+    parser.add_argument("--loop-steps", type=int, default=8, help="GRPO loop: steps")
+    parser.add_argument("--loop-groups", type=int, default=16, help="GRPO loop: groups a step")
+    parser.add_argument("--loop-tokens", type=int, default=128, help="GRPO loop: tokens a sample")
+    parser.add_argument("--loop-token-latency-s", type=float, default=0.002)
+    parser.add_argument("--train-s", type=float, default=0.3, help="GRPO loop: a trainer step")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.repeats, args.recover_groups = 2048, 2, 10_000
+        args.loop_steps, args.loop_groups = 4, 8
     with MockProcess(0.0, 32) as url:
         out = run_sync(run_all, args, url)
     rec = out["recover"]
@@ -218,6 +343,23 @@ def main(argv: list[str] | None = None) -> int:
         f"restart on a {rec['groups']}-group journal ({rec['mb']:.0f} MB, 8 groups in"
         f" flight): open (quick_check) + resume {rec['restart_s']:.2f} s"
     )
+    grpo = out["grpo"]
+    print(
+        f"streamed GRPO loop ({grpo['steps']} steps x {grpo['groups_per_step']} groups x 4"
+        f" samples x {grpo['tokens']} tokens, stand-in):"
+    )
+    print(f"{'':28} {'no journal':>12} {'journal':>12}")
+    print(f"{'  seconds/step':28} {grpo['none_step_s']:>12.3f} {grpo['journal_step_s']:>12.3f}")
+    print(
+        f"{'  samples/s':28} {grpo['none_samples_per_s']:>12.1f}"
+        f" {grpo['journal_samples_per_s']:>12.1f}"
+    )
+    print(
+        f"{'  main CPU us/sample':28} {grpo['none_main_cpu_us']:>12.1f}"
+        f" {grpo['journal_main_cpu_us']:>12.1f}"
+    )
+    print(f"{'  writer CPU us/sample':28} {'-':>12} {grpo['journal_writer_cpu_us']:>12.1f}")
+    print(f"  throughput ratio {grpo['throughput_ratio']:.3f}")
     print(json.dumps({"journal": out}))
     return 0
 
