@@ -182,6 +182,8 @@ async def grpo_side_by_side(args: argparse.Namespace, tokenizer: Any, tmp: Path)
 
     out: dict[str, Any] = {
         "mode": "grpo/stream",
+        "none_samples": best("none", "samples", min),
+        "journal_samples": best("journal", "samples", min),
         "steps": args.loop_steps,
         "groups_per_step": args.loop_groups,
         "tokens": args.loop_tokens,
