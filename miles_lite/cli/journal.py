@@ -36,7 +36,7 @@ def add_journal_parser(sub: Any) -> argparse.ArgumentParser:
         "journal",
         help="show, export, replay or audit a rollout journal (run.db)",
         description="Reads a rollout journal (TextRollout.open(..., journal='run.db')):"
-        " summary, JSONL export, bit-identical replay of a step's training batch, and a"
+        " summary, JSONL or Parquet export, bit-identical replay of a step's training batch, and a"
         " re-scoring of its tokens on a live engine.",
     )
     journal.add_argument("action", choices=["show", "export", "replay", "audit"])
