@@ -190,7 +190,7 @@ SLOW_FIXTURES = frozenset(
 )
 #: Tiers that start real servers (deselected unless asked for by their mark).
 SLOW_TIERS = tuple(
-    Path(__file__).resolve().parent / tier for tier in ("conformance", "smg", "peer")
+    Path(__file__).resolve().parent / tier for tier in ("conformance", "chaos", "smg", "peer")
 )
 
 
