@@ -192,6 +192,9 @@ SLOW_FIXTURES = frozenset(
 SLOW_TIERS = tuple(
     Path(__file__).resolve().parent / tier for tier in ("conformance", "chaos", "smg", "peer")
 )
+#: Folders whose every test starts engines that load weights and update them (the fleet's
+#: fence and catch-up: 10-20 s a test on these machines).
+SLOW_FOLDERS = (Path(__file__).resolve().parent / "fleet",)
 
 
 def starts_processes(path: Path, cache: dict[Path, bool]) -> bool:
@@ -215,6 +218,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             starts_processes(path, cache)
             or (function is not None and SLOW_CALLS.search(inspect.getsource(function)))
             or set(getattr(item, "fixturenames", ())) & SLOW_FIXTURES
-            or any(tier in path.parents for tier in SLOW_TIERS)
+            or any(tier in path.parents for tier in (*SLOW_TIERS, *SLOW_FOLDERS))
         ):
             item.add_marker(pytest.mark.slow)
