@@ -40,5 +40,5 @@ def test_the_cli_and_readme_snippets_are_slow_calls_and_tiers_are_slow() -> None
     assert SLOW_CALLS.search('    run = cli("diffusion", "--engine-url", url)')
     assert SLOW_CALLS.search("    code = pointed(block('In a script'))")
     assert not SLOW_CALLS.search("    client = EngineClient(config)")
-    assert {tier.name for tier in SLOW_TIERS} == {"conformance", "smg", "peer"}
+    assert {tier.name for tier in SLOW_TIERS} == {"conformance", "chaos", "smg", "peer"}
     assert "reward_pools" in SLOW_FIXTURES
