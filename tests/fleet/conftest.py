@@ -3,15 +3,12 @@ fail an update, join, leave, die and come back (issue 33)."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import torch
 
 from miles_lite import SampleStatus, TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
@@ -25,7 +22,6 @@ __all__ = [
     "check_exactly_once",
     "no_rid_reached_two",
     "rids_at",
-    "saved",
     "stand_in",
 ]
 
@@ -87,22 +83,6 @@ def fleet_rollout(tokenizer: Any) -> OpenFleet:
                     await engine.aclose()
 
     return open_rollout
-
-
-async def saved(module: Any, folder: Path, seed: int) -> Any:
-    """A copy of ``module`` with perturbed embeddings, saved to ``folder``."""
-
-    def make() -> Any:
-        trained = copy.deepcopy(module)
-        with torch.no_grad():
-            weight = trained.model.embed_tokens.weight
-            weight.add_(
-                0.5 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed))
-            )
-        trained.save_pretrained(str(folder))
-        return trained
-
-    return await anyio.to_thread.run_sync(make)
 
 
 def check_exactly_once(result: RolloutResult, groups: int, per_group: int) -> dict[str, int]:

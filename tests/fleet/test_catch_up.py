@@ -16,8 +16,9 @@ from miles_lite.errors import ConfigError
 from miles_lite.testing import TinyModelPolicy
 from miles_lite.text.config import TextSamplingParams
 from tests.support.polling import wait_until
+from tests.support.weights import saved
 
-from .conftest import OpenFleet, check_exactly_once, no_rid_reached_two, saved, stand_in
+from .conftest import OpenFleet, check_exactly_once, no_rid_reached_two, stand_in
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,9 @@ import pytest
 
 from miles_lite.errors import EngineControlError
 from miles_lite.testing import TinyModelPolicy
+from tests.support.weights import saved
 
-from .conftest import OpenFleet, check_exactly_once, saved
+from .conftest import OpenFleet, check_exactly_once
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,9 @@ from miles_lite.engine.fleet import FleetStatistics
 from miles_lite.errors import ConfigError, EngineControlError
 from miles_lite.testing import TinyModelPolicy
 from tests.support.polling import wait_until
+from tests.support.weights import saved
 
-from .conftest import FAST_ROUTER, OpenFleet, check_exactly_once, saved
+from .conftest import FAST_ROUTER, OpenFleet, check_exactly_once
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,6 @@ continue."""
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -28,6 +27,7 @@ from miles_lite.rollout.weights import WeightUpdateConfig, update_weights
 from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
 from miles_lite.types import Sample
+from tests.support.weights import saved
 
 from .conftest import wait_until
 
@@ -71,22 +71,6 @@ def tiny_rollout(tokenizer: Any) -> Open:
                     await engine.aclose()
 
     return open_rollout
-
-
-async def saved(module: Any, folder: Path, seed: int) -> Any:
-    """A copy of ``module`` with perturbed embeddings, saved to ``folder``."""
-
-    def make() -> Any:
-        trained = copy.deepcopy(module)
-        with torch.no_grad():
-            weight = trained.model.embed_tokens.weight
-            weight.add_(
-                0.5 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed))
-            )
-        trained.save_pretrained(str(folder))
-        return trained
-
-    return await anyio.to_thread.run_sync(make)
 
 
 def token_logprobs(module: Any, sample: Sample) -> list[float]:
