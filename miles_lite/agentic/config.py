@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,8 +43,19 @@ class SessionServerConfig:
       client's own total timeout); ``abort_timeout_s``: the abort of a rid whose agent
       went away or timed out.
     - ``model``: what ``/v1/models`` lists.
+    - ``processes``: where agents' requests are served. ``0`` (the default): in the
+      rollout's own process and event loop (notebooks, tests, a few agents). ``N >= 1``:
+      in N worker processes of the server's own, each on its own loopback port (a
+      session's ``base_url`` names its worker's), so the agents' HTTP parsing, body
+      checks, templating, token in and answer writing stay off the rollout's loop; the
+      engine sends stay in the rollout's process (one send path). ``"auto"``: one worker
+      per spare core, 1 to 4 (:attr:`worker_count`).
+    - ``start_timeout_s``: a worker process that has not started serving this long
+      after it was started fails the server's start (spawning one imports the library
+      and unpickles the tokenizer: 2-5 s on a loaded machine).
 
-    Usage: ``SessionServerConfig(max_body_bytes=4 << 20, idle_ttl_s=600)``.
+    Usage: ``SessionServerConfig(max_body_bytes=4 << 20, idle_ttl_s=600)``;
+    ``SessionServerConfig(processes="auto")`` for agents served off the rollout's loop.
     """
 
     host: str = "127.0.0.1"
@@ -56,6 +69,8 @@ class SessionServerConfig:
     engine_timeout_s: float | None = None
     abort_timeout_s: float = 2.0
     model: str = "miles-lite"
+    processes: int | Literal["auto"] = 0
+    start_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         owner = "SessionServerConfig"
@@ -70,6 +85,23 @@ class SessionServerConfig:
         check_type(owner, "token_in", self.token_in, bool)
         check_int(owner, "max_trim_tokens", self.max_trim_tokens, minimum=0)
         check_type(owner, "model", self.model, str)
+        if self.processes != "auto":
+            if isinstance(self.processes, bool) or not isinstance(self.processes, int):
+                raise ConfigError(
+                    f"{owner}.processes must be an int >= 0 or 'auto' (worker processes"
+                    f" serving the agents; 0: in the rollout's process), got {self.processes!r}"
+                )
+            check_int(owner, "processes", self.processes, minimum=0)
+        check_seconds(owner, "start_timeout_s", self.start_timeout_s)
+
+    @property
+    def worker_count(self) -> int:
+        """How many worker processes serve the agents: ``processes``, with ``"auto"``
+        one per core beyond the rollout's own, at least 1 and at most 4 (more rarely
+        pays: the engine sends stay in the rollout's process)."""
+        if self.processes == "auto":
+            return max(1, min(4, (os.cpu_count() or 1) - 1))
+        return self.processes
 
     @property
     def loopback(self) -> bool:
@@ -102,7 +134,9 @@ class SessionServerStatistics:
     rollout sets, ``n`` != 1, ...); ``unauthorized``: management or chat requests without
     the right credential or ``Host``; ``expired``: sessions closed after ``idle_ttl_s``;
     ``token_in_turns`` / ``templated_turns``: turns sent as the trajectory's ids / as
-    messages the engine templated.
+    messages the engine templated; ``worker_exits``: worker processes (``processes``)
+    that died while the server ran (each is replaced; the agents of its sessions lose
+    their connection).
     """
 
     open_sessions: int
@@ -122,6 +156,7 @@ class SessionServerStatistics:
     aborted_answers: int
     disconnect_aborts: int
     timeout_aborts: int
+    worker_exits: int
 
 
 #: The counters a :class:`~miles_lite.agentic.http_io.Refused` answer may count in.
@@ -153,6 +188,7 @@ class SessionCounters:
     aborted_answers: int = 0
     disconnect_aborts: int = 0
     timeout_aborts: int = 0
+    worker_exits: int = 0
 
     def count_refusal(self, counter: RefusalCounter) -> None:
         """One more in the counter a refused request names."""
@@ -161,3 +197,18 @@ class SessionCounters:
     def snapshot(self, open_sessions: int) -> SessionServerStatistics:
         """The counts now, with the number of sessions open."""
         return SessionServerStatistics(open_sessions=open_sessions, **dataclasses.asdict(self))
+
+    def values(self) -> list[int]:
+        """The counts in field order (what a worker process reports)."""
+        return list(dataclasses.astuple(self))
+
+    def plus(self, *reported: Sequence[int]) -> SessionCounters:
+        """These counts plus others in field order (:meth:`values`): the server's total
+        over its worker processes."""
+        totals = self.values()
+        for values in reported:
+            totals = [a + b for a, b in zip(totals, values, strict=True)]
+        return SessionCounters(**dict(zip(_COUNTER_NAMES, totals, strict=True)))
+
+
+_COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(SessionCounters))

@@ -16,17 +16,15 @@ from miles_lite.agentic.http_io import Refused, refuse
 from miles_lite.agentic.openai_wire import abort_answer, passthrough
 from miles_lite.agentic.registry import SessionState
 from miles_lite.agentic.token_in import TokenIn
+from miles_lite.agentic.turn_send import CHAT_PATH, Marks, TurnSender
 from miles_lite.agentic.turns import BadTurn, engine_payload
-from miles_lite.errors import EngineError, EngineProtocolError, EngineStatusError
-from miles_lite.rollout.send import RawSend
+from miles_lite.errors import EngineError, EngineProtocolError
 from miles_lite.sglang.chat_wire import record_from_choice
 from miles_lite.sglang.generate_wire import new_rid
 from miles_lite.text.context import TextContext
 
 __all__ = ["CHAT_PATH", "Forwarder"]
 
-#: The chat endpoint of the engines.
-CHAT_PATH = "/v1/chat/completions"
 #: Engine answers larger than this are parsed in a worker thread, not on the event loop.
 _OFF_LOOP_JSON_BYTES = 64 * 1024
 #: Answers with more output tokens than this are encoded in a worker thread.
@@ -35,7 +33,8 @@ _OFF_LOOP_ANSWER_TOKENS = 1024
 
 class Forwarder:
     """The forwarding half of a session server over ``context``: ``sampling`` is the
-    rollout's in chat names; counts in the server's ``counts``."""
+    rollout's in chat names; counts in the server's ``counts``; ``sender`` gets each
+    turn's payload to the engine (:mod:`miles_lite.agentic.turn_send`)."""
 
     def __init__(
         self,
@@ -44,8 +43,10 @@ class Forwarder:
         sampling: dict[str, Any],
         token_in: TokenIn,
         counts: SessionCounters,
+        sender: TurnSender,
     ) -> None:
         self._context = context
+        self._sender = sender
         self._config = config
         self._sampling = sampling
         self._token_in = token_in
@@ -101,61 +102,33 @@ class Forwarder:
 
     async def forward(
         self, session: SessionState, payload: dict[str, Any], rid: str
-    ) -> tuple[Any, RawSend] | None:
-        """The engine's answer (parsed) and the send that got it; None when the run
-        stopped (or the session was aborted or closed) before the turn was sent. Through
-        the one send path (:class:`~miles_lite.rollout.send.Send`), on the session's
-        engine: the weight version's cache key, in-flight tracking, the stop check once
-        the slot is taken, abort at the engine when the agent goes away or the engine
-        fails after taking it."""
-        send = RawSend(
-            self._context.router,
-            session,
-            CHAT_PATH,
-            payload,
-            rid,
-            key=session.id,
-            timeout_s=self._config.engine_timeout_s,
-            abort_on_cancel=True,
-            abort_timeout_s=self._config.abort_timeout_s,
-        )
-        session.send = send
-        try:
-            raw = await send.run()
-        except EngineStatusError as exc:
-            session.engine_errors += 1
-            raise Refused(passthrough(exc), "engine_errors") from exc
-        except EngineError as exc:
-            session.engine_errors += 1
-            if send.aborted == "failed":  # it reached the engine (a timeout, a reset)
-                self._counts.timeout_aborts += 1
-            raise refuse(502, f"engine failed: {exc}", "engine_errors", "upstream_error") from exc
-        finally:
-            if send.aborted == "cancelled":  # the agent went away (or was cancelled)
-                self._counts.disconnect_aborts += 1
-        if raw is None:
+    ) -> tuple[Any, Marks] | None:
+        """The engine's answer (parsed) and what marks its record's spans; None when the
+        run stopped (or the session was aborted or closed) before the turn was sent.
+        Sent by the server's :class:`~miles_lite.agentic.turn_send.TurnSender`: the one
+        send path in the rollout's process, reached directly or, from a worker process,
+        over its link. Raises :class:`Refused` with the answer for an engine failure."""
+        outcome, marks = await self._sender.send(session, payload, rid)
+        kind = outcome.kind
+        if kind == "stopped":
             return None
-        url = send.url
-        data = raw.body
+        # The sender counted a failed send in the session's engine_errors.
+        if kind == "status":
+            raise Refused(passthrough(outcome.status_error(rid)), "engine_errors")
+        if kind == "failed":
+            raise refuse(
+                502, f"engine failed: {outcome.message}", "engine_errors", "upstream_error"
+            )
+        data = outcome.body
         try:
             if len(data) > _OFF_LOOP_JSON_BYTES:
-                return await anyio.to_thread.run_sync(_json.loads, data), send
-            return _json.loads(data), send
+                return await anyio.to_thread.run_sync(_json.loads, data), marks
+            return _json.loads(data), marks
         except ValueError as exc:
             session.engine_errors += 1
             raise refuse(
                 502,
-                f"engine {url} answered non-JSON to rid {rid}: {exc}",
+                f"engine {outcome.url} answered non-JSON to rid {rid}: {exc}",
                 "engine_errors",
                 "upstream_error",
             ) from exc
-
-    async def abort_turn(self, session: SessionState) -> None:
-        """Abort the session's turn at its engine if one was sent. Best effort: the
-        engine is gone or busy; the rollout's own abort repeats. A turn still waiting for
-        a slot is not sent at all (its session is ``stopping``)."""
-        send = session.send
-        if send is not None and send.url is not None:
-            await self._context.router.abort_request(
-                send.url, send.rid, timeout_s=self._config.abort_timeout_s
-            )

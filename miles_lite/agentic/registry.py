@@ -27,7 +27,9 @@ SESSION_HEADER = "X-Session-Id"
 @dataclass
 class SessionState:
     """One open session: its run, records, token-in trajectory, the turn in flight
-    (``send``) and whether it may still send (:attr:`stopping`)."""
+    (``send``) and whether it may still send (:attr:`stopping`). With worker processes,
+    ``sent`` is the send of the turn whose record is on its way from the worker (its KV
+    marks are the send's to set)."""
 
     id: str
     key: str
@@ -40,6 +42,7 @@ class SessionState:
     closed: bool = False
     aborted: bool = False
     send: RawSend | None = None
+    sent: RawSend | None = None
     engine_errors: int = 0
 
     @property
@@ -61,9 +64,14 @@ class SessionRegistry:
 
     def open(self, run: RunContext | None) -> SessionState:
         """A new session (128 random bits of id, another 128 of API key) for ``run``."""
+        return self.add(secrets.token_hex(16), f"sk-session-{secrets.token_hex(16)}", run)
+
+    def add(self, sid: str, key: str, run: RunContext | None = None) -> SessionState:
+        """The session ``sid`` with API key ``key`` (one the main process opened, in a
+        worker process's registry)."""
         session = SessionState(
-            id=secrets.token_hex(16),
-            key=f"sk-session-{secrets.token_hex(16)}",
+            id=sid,
+            key=key,
             run=run,
             in_flight=run.in_flight if run is not None else InFlight(),
             last_used=time.monotonic(),
@@ -71,6 +79,11 @@ class SessionRegistry:
         self.sessions[session.id] = session
         self._by_key[session.key] = session
         return session
+
+    def idle(self, ttl_s: float) -> list[SessionState]:
+        """The sessions no request touched in ``ttl_s`` and none is in flight on."""
+        cutoff = time.monotonic() - ttl_s
+        return [s for s in self.sessions.values() if s.last_used < cutoff and not s.busy]
 
     def drop(self, session: SessionState) -> None:
         """Forget ``session`` (it is closed)."""

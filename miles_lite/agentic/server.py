@@ -25,16 +25,21 @@ needs the server's own token, a loopback server refuses other ``Host`` names. A 
 request on a session while one is in flight is refused (409); an agent that disconnects
 or times out gets its rid aborted at the engine; early stop answers later requests at
 once with ``abort``; idle sessions expire.
+
+Where the agents are served (``SessionServerConfig.processes``): in the rollout's own
+process and loop (``0``), or in worker processes of the server's own
+(:mod:`miles_lite.agentic.workers`), each on its own loopback port, running the same HTTP
+surface (:mod:`miles_lite.agentic.session_app`); the engine sends of both modes run here,
+through the one send path (:mod:`miles_lite.agentic.turn_send`), and the records are kept
+here. The server's own URL then serves the management endpoints only.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from contextlib import AsyncExitStack
-from typing import Any
 
 import anyio
 from aiohttp import web
@@ -42,25 +47,19 @@ from aiohttp import web
 from miles_lite._core.resources import AsyncResource
 from miles_lite._core.serve import serve_app
 from miles_lite.agentic.config import (
-    LOOPBACK_HOSTS,
     Session,
     SessionCounters,
     SessionServerConfig,
     SessionServerStatistics,
 )
 from miles_lite.agentic.forwarding import Forwarder
-from miles_lite.agentic.http_io import (
-    Refused,
-    bearer,
-    messages_refusal,
-    read_chat_body,
-    refuse,
-    write_answer,
-)
-from miles_lite.agentic.messages_wire import chat_body, messages_answer, messages_events
+from miles_lite.agentic.http_io import bearer, refuse
 from miles_lite.agentic.registry import SessionRegistry, SessionState
+from miles_lite.agentic.session_app import SessionApp, add_not_found, edge
 from miles_lite.agentic.token_in import TokenIn
-from miles_lite.agentic.turns import BadTurn, merged_extra_body
+from miles_lite.agentic.turn_send import TurnSend
+from miles_lite.agentic.worker_main import WorkerSettings
+from miles_lite.agentic.workers import SessionWorkers
 from miles_lite.errors import SessionError
 from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.chat_wire import TurnRecord
@@ -71,24 +70,19 @@ __all__ = ["SessionServer"]
 
 _log = logging.getLogger(__name__)
 
-#: The chat endpoint of the engines.
-CHAT_PATH = "/v1/chat/completions"
-#: Engine answers larger than this are parsed in a worker thread, not on the event loop.
-_OFF_LOOP_JSON_BYTES = 64 * 1024
-#: Answers with more output tokens than this are encoded in a worker thread.
-_OFF_LOOP_ANSWER_TOKENS = 1024
-
 
 class SessionServer(AsyncResource):
-    """OpenAI chat through session-scoped URLs (see the module docstring).
+    """OpenAI chat and Anthropic Messages through session-scoped URLs (see the module
+    docstring).
 
     ``context`` gives the router (sticky engine per session, its one retry loop), the
     rollout's sampling (applied to every turn), the tokenizer (token in) and the
     vocabulary the answers are checked against. An async resource: entering binds the
-    port and starts the idle-session sweep; leaving (or :meth:`aclose`) stops serving,
-    drops every session and waits for the handlers. ``management_token`` authorizes the
-    HTTP session endpoints (``POST/GET/DELETE /sessions``); the library calls the
-    methods directly. Use it from one event loop.
+    port, starts the worker processes (``config.processes``) and the idle-session sweep;
+    leaving (or :meth:`aclose`) stops serving, stops the workers, drops every session and
+    waits for the handlers. ``management_token`` authorizes the HTTP session endpoints
+    (``POST/GET/DELETE /sessions``); the library calls the methods directly. Use it from
+    one event loop.
 
     Usage::
 
@@ -116,10 +110,8 @@ class SessionServer(AsyncResource):
         self._url = ""
         self._stack: AsyncExitStack | None = None
         self._counts = SessionCounters()
-        self._token_in = TokenIn(context, self._config, self._counts)
-        self._forwarder = Forwarder(
-            context, self._config, self._sampling, self._token_in, self._counts
-        )
+        self._sender = TurnSend(self._router, self._config, self._counts)
+        self._workers: SessionWorkers | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -130,30 +122,57 @@ class SessionServer(AsyncResource):
 
     @property
     def url(self) -> str:
-        """``http://host:port`` once started."""
+        """``http://host:port`` once started (with worker processes: the management
+        endpoints only; each session's ``base_url`` names its worker)."""
         self._check_open()
         return self._url
 
     @property
     def openai_base_url(self) -> str:
-        """The fixed base URL (``.../v1``) where a session is picked by its API key."""
+        """The fixed base URL (``.../v1``) where a session is picked by its API key.
+        Raises :class:`SessionError` with worker processes: each serves its own sessions
+        at its own port (use :attr:`Session.base_url
+        <miles_lite.agentic.config.Session.base_url>`)."""
+        if self._config.worker_count:
+            raise SessionError(
+                "this session server serves agents in worker processes, each at its own"
+                " port: use the session's base_url (open_session) instead of one /v1"
+            )
         return f"{self.url}/v1"
 
     async def _open(self) -> None:
         config = self._config
-        app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._edge])
+        app = web.Application(
+            client_max_size=config.max_body_bytes, middlewares=[edge(config, self._counts)]
+        )
         app.router.add_post("/sessions", self._h_create)
         app.router.add_get("/sessions/{sid}", self._h_get)
         app.router.add_delete("/sessions/{sid}", self._h_delete)
-        app.router.add_post("/sessions/{sid}/v1/chat/completions", self._h_chat_path)
-        app.router.add_get("/sessions/{sid}/v1/models", self._h_models_path)
-        app.router.add_post("/v1/chat/completions", self._h_chat_key)
-        app.router.add_post("/sessions/{sid}/v1/messages", self._h_messages_path)
-        app.router.add_post("/v1/messages", self._h_messages_key)
-        app.router.add_get("/v1/models", self._h_models_key)
-        app.router.add_route("*", "/{tail:.*}", self._h_unknown)
         stack = AsyncExitStack()
         self._stack = stack
+        if config.worker_count:
+            add_not_found(app)
+            workers = SessionWorkers(
+                config,
+                WorkerSettings(
+                    config=config,
+                    tokenizer=self._context.tokenizer,
+                    sampling=self._sampling,
+                    vocab_size=self._context.vocab_size,
+                    tokenize_threads=self._context.tokenize_threads,
+                ),
+                self._registry,
+                self._sender,
+                self._counts,
+                self._expired,
+            )
+            self._workers = await stack.enter_async_context(workers)
+        else:
+            token_in = TokenIn(self._context, config, self._counts)
+            forwarder = Forwarder(
+                self._context, config, self._sampling, token_in, self._counts, self._sender
+            )
+            SessionApp(config, self._registry, forwarder, self._counts).add_routes(app)
         # handler_cancellation: a handler whose agent disconnected is cancelled, so its
         # rid is aborted at the engine instead of generating for no one. keepalive_timeout
         # also closes a new connection whose headers do not arrive in time (slowloris).
@@ -161,20 +180,21 @@ class SessionServer(AsyncResource):
             app, config.host, config.port, keepalive_timeout=config.header_timeout_s
         )
         stack.push_async_callback(_cleanup, runner)
-        task_group = await stack.enter_async_context(anyio.create_task_group())
-        task_group.start_soon(self._sweep_idle)
-        stack.callback(task_group.cancel_scope.cancel)
+        if not config.worker_count:
+            task_group = await stack.enter_async_context(anyio.create_task_group())
+            task_group.start_soon(self._sweep_idle)
+            stack.callback(task_group.cancel_scope.cancel)
         if not config.loopback:
             _log.warning(
                 "session server on %s: reachable from other hosts, so sessions are reached"
-                " only with their API key (Authorization: Bearer <key> at %s/v1), never by URL",
-                self._url,
+                " only with their API key (Authorization: Bearer <key> at the /v1 of their"
+                " base_url), never by URL",
                 self._url,
             )
 
     async def _close(self) -> None:
-        """Stop serving and drop every session (their records are lost); shielded and
-        bounded (5 s)."""
+        """Stop serving, stop the worker processes and drop every session (their records
+        are lost); shielded and bounded."""
         for session in self._sessions.values():
             self._router.forget(session.id)
         self._registry.clear()
@@ -186,22 +206,33 @@ class SessionServer(AsyncResource):
         ttl = self._config.idle_ttl_s
         while True:
             await anyio.sleep(min(ttl / 4, 30.0))
-            cutoff = time.monotonic() - ttl
-            for session in [s for s in self._sessions.values() if s.last_used < cutoff]:
-                if not session.busy:
-                    self._drop(session)
-                    self._counts.expired += 1
+            for session in self._registry.idle(ttl):
+                self._drop(session)
+                self._counts.expired += 1
+
+    def _expired(self, session: SessionState) -> None:
+        """A worker closed ``session`` after ``idle_ttl_s`` (and counted it)."""
+        self._drop(session)
 
     # -- library API -------------------------------------------------------------------------
 
     async def open_session(self, run: RunContext | None = None) -> Session:
         """Open a session (128 random bits of id, another 128 of API key) for ``run``:
         its turns count in the run's requests in flight, and once the run stops they are
-        answered at once with ``finish_reason`` ``abort``."""
+        answered at once with ``finish_reason`` ``abort``. With worker processes it is
+        placed on the one with the fewest sessions (raises
+        :class:`~miles_lite.errors.WorkerCrashedError` when none serves)."""
         self._check_open()
         session = self._registry.open(run)
+        url = self._url
+        if self._workers is not None:
+            try:
+                url = await self._workers.place(session)
+            except BaseException:
+                self._registry.drop(session)
+                raise
         self._counts.opened += 1
-        return self._registry.public(session, self._url)
+        return self._registry.public(session, url)
 
     async def close_session(self, session_id: str) -> list[TurnRecord]:
         """Close a session and return its records, oldest first.
@@ -214,7 +245,10 @@ class SessionServer(AsyncResource):
             raise SessionError(f"session {session_id!r} is unknown, expired or already closed")
         self._drop(session)
         self._counts.closed += 1
-        await self._abort_turn(session)
+        await self._sender.abort_turn(session)
+        if self._workers is not None:
+            with anyio.CancelScope(shield=True):
+                await self._workers.close(session_id)
         return list(session.records)
 
     def session_ids(self) -> list[str]:
@@ -222,7 +256,9 @@ class SessionServer(AsyncResource):
         return list(self._sessions)
 
     def records(self, session_id: str) -> list[TurnRecord]:
-        """A session's records so far; raises :class:`SessionError` if it is not open."""
+        """A session's records so far (with worker processes too: a turn's record reaches
+        this process before its agent gets the answer); raises :class:`SessionError` if
+        it is not open."""
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionError(f"session {session_id!r} is unknown, expired or already closed")
@@ -238,41 +274,31 @@ class SessionServer(AsyncResource):
             session.aborted = True
         async with anyio.create_task_group() as tg:
             for session in targets:
-                tg.start_soon(self._abort_turn, session)
+                tg.start_soon(self._sender.abort_turn, session)
 
     def statistics(self) -> SessionServerStatistics:
-        """A snapshot of the server's counters."""
-        return self._counts.snapshot(len(self._sessions))
+        """A snapshot of the server's counters. With worker processes, their part is as
+        of their last report (each reports within 0.2 s of a change); see
+        :meth:`collect_statistics` for the counts now."""
+        counts = self._counts
+        if self._workers is not None:
+            counts = counts.plus(*self._workers.reported())
+        return counts.snapshot(len(self._sessions))
+
+    async def collect_statistics(self) -> SessionServerStatistics:
+        """The server's counters now: with worker processes, each is asked for its own
+        (a round trip each); in-process, :meth:`statistics`."""
+        self._check_open()
+        counts = self._counts
+        if self._workers is not None:
+            counts = counts.plus(*await self._workers.collect())
+        return counts.snapshot(len(self._sessions))
 
     def _drop(self, session: SessionState) -> None:
         self._registry.drop(session)
         self._router.forget(session.id)
 
-    # -- the edge ----------------------------------------------------------------------------
-
-    @web.middleware
-    async def _edge(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Every request: the Host check, then the handler; a :class:`Refused` it raises
-        is answered and counted here."""
-        try:
-            # A page in the user's browser can reach a loopback port through a name it
-            # controls (DNS rebinding): a loopback server answers loopback names only.
-            if self._config.loopback:
-                host = (request.host or "").rsplit(":", 1)[0].strip("[]")
-                if host not in LOOPBACK_HOSTS:
-                    raise refuse(
-                        403,
-                        f"Host {request.host!r} is not served: this session server listens"
-                        " on loopback and answers loopback names only",
-                        "unauthorized",
-                        "permission_error",
-                    )
-            response: web.StreamResponse = await handler(request)
-        except Refused as refused:
-            if refused.counter is not None:
-                self._counts.count_refusal(refused.counter)
-            return refused.response
-        return response
+    # -- management endpoints ----------------------------------------------------------------
 
     def _check_management(self, request: web.Request) -> None:
         if bearer(request) != self.management_token:
@@ -283,8 +309,6 @@ class SessionServer(AsyncResource):
                 "unauthorized",
                 "authentication_error",
             )
-
-    # -- handlers ----------------------------------------------------------------------------
 
     async def _h_create(self, request: web.Request) -> web.Response:
         self._check_management(request)
@@ -310,123 +334,6 @@ class SessionServer(AsyncResource):
         session = self._registry.by_id(request.match_info["sid"])
         await self.close_session(session.id)
         return web.Response(status=204)
-
-    async def _h_models_path(self, request: web.Request) -> web.Response:
-        self._registry.by_path(request)
-        return self._models()
-
-    async def _h_models_key(self, request: web.Request) -> web.Response:
-        self._registry.by_key(request)
-        return self._models()
-
-    async def _h_unknown(self, request: web.Request) -> web.Response:
-        raise refuse(
-            404,
-            f"{request.method} {request.path} is not served here; a session serves "
-            "POST .../v1/chat/completions, POST .../v1/messages and GET .../v1/models under "
-            "/sessions/<id> (or /v1 with its API key)",
-            "not_found",
-            "not_found_error",
-        )
-
-    def _models(self) -> web.Response:
-        model = {
-            "id": self._config.model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "miles_lite",
-        }
-        return web.json_response({"object": "list", "data": [model]})
-
-    async def _h_chat_path(self, request: web.Request) -> web.StreamResponse:
-        return await self._chat(request, self._registry.by_path(request))
-
-    async def _h_chat_key(self, request: web.Request) -> web.StreamResponse:
-        return await self._chat(request, self._registry.by_key(request))
-
-    async def _h_messages_path(self, request: web.Request) -> web.StreamResponse:
-        return await self._messages(request, lambda: self._registry.by_path(request))
-
-    async def _h_messages_key(self, request: web.Request) -> web.StreamResponse:
-        return await self._messages(request, lambda: self._registry.by_key(request))
-
-    async def _messages(
-        self, request: web.Request, find: Callable[[], SessionState]
-    ) -> web.StreamResponse:
-        """Anthropic Messages: every refusal in Messages' error shape."""
-        try:
-            return await self._chat(request, find(), self._serve_messages)
-        except Refused as refused:
-            raise Refused(messages_refusal(refused.response), refused.counter) from None
-
-    async def _chat(
-        self,
-        request: web.Request,
-        session: SessionState,
-        serve: Callable[[web.Request, SessionState, dict[str, Any]], Awaitable[web.StreamResponse]]
-        | None = None,
-    ) -> web.StreamResponse:
-        # The body first: a slow one must not hold the session busy (its real turn would
-        # get a 409); it is bounded by body_timeout_s.
-        config = self._config
-        body = await read_chat_body(
-            request, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s
-        )
-        if session.busy:
-            raise refuse(
-                409,
-                f"session {session.id} already has a chat request in flight; a session is one "
-                "conversation: wait for the answer, or open another session for parallel work",
-                "conflicts",
-                "conflict_error",
-            )
-        session.busy = True
-        session.last_used = time.monotonic()
-        self._counts.requests += 1
-        try:
-            return await (serve or self._serve)(request, session, body)
-        finally:
-            session.busy = False
-            session.send = None
-            session.last_used = time.monotonic()
-
-    async def _serve(
-        self, request: web.Request, session: SessionState, body: dict[str, Any]
-    ) -> web.StreamResponse:
-        try:
-            body = merged_extra_body(body)
-        except BadTurn as bad:
-            raise refuse(400, bad.message, "refused", param=bad.param) from None
-        stream = body.get("stream", False) is True
-        answer, large = await self._forwarder.turn(session, body)
-        # The engine's answer as it is: OpenAI clients ignore the extra fields, and agents
-        # that read ids or meta_info can.
-        return await write_answer(request, answer, stream, large)
-
-    async def _serve_messages(
-        self, request: web.Request, session: SessionState, body: dict[str, Any]
-    ) -> web.StreamResponse:
-        try:
-            chat = chat_body(body)
-        except BadTurn as bad:
-            raise refuse(400, bad.message, "refused", param=bad.param) from None
-        answer, _ = await self._forwarder.turn(session, chat)
-        message = messages_answer(answer, model=self._model(body), stop=chat.get("stop"))
-        if body.get("stream") is not True:
-            return web.json_response(message)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for event in messages_events(message):
-            await response.write(event)
-        await response.write_eof()
-        return response
-
-    def _model(self, body: dict[str, Any]) -> str:
-        model = body.get("model")
-        return model if isinstance(model, str) else self._config.model
-
-    async def _abort_turn(self, session: SessionState) -> None:
-        await self._forwarder.abort_turn(session)
 
 
 async def _cleanup(runner: web.AppRunner) -> None:

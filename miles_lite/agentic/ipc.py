@@ -1,0 +1,225 @@
+"""The link between the session server's main process and one of its worker processes:
+length-prefixed msgpack frames over a Unix-domain socket, anyio streams on both sides.
+
+A frame is ``[kind, call, *args]``. ``call`` 0 is a notice (no answer); any other number
+is a request, answered by a ``reply`` frame with the same number (or not at all when the
+asker cancels it with a ``cancel`` frame: the answering side cancels the request's task).
+Both sides run the same :class:`Link`; what a side answers is its ``requests`` and
+``notices`` callables.
+
+Turn records cross as packed arrays (:func:`pack_record`): token ids as ``array('i')``
+bytes, log-probs as ``array('d')`` bytes, one C-speed copy each way, never a Python
+object per token on the wire.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import struct
+from array import array
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgpack
+from anyio.abc import ByteStream, TaskGroup
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from miles_lite.errors import WorkerCrashedError
+from miles_lite.sglang.chat_wire import TurnRecord
+from miles_lite.types import WeightSpan
+
+__all__ = ["Link", "pack_record", "unpack_record"]
+
+_HEADER = struct.Struct("!I")
+#: Bound on writing a cancel frame from a cancelled task (seconds).
+_CANCEL_WRITE_S = 1.0
+
+#: What a side answers: ``requests(kind, args)`` for a request (its value is the reply;
+#: run in a task of its own, cancelled by a ``cancel`` frame), ``notices(kind, args)``
+#: for a notice (run inline, in frame order).
+Requests = Callable[[str, list[Any]], Awaitable[Any]]
+Notices = Callable[[str, list[Any]], None]
+
+
+class _Pending:
+    """A request awaiting its reply."""
+
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class Link:
+    """One end of a main-worker link over ``stream`` (see the module docstring). ``peer``
+    names the other end in errors. :meth:`serve` reads frames until the other end goes
+    away; requests still waiting then raise :class:`~miles_lite.errors.WorkerCrashedError`."""
+
+    def __init__(self, stream: ByteStream, peer: str) -> None:
+        self._stream = stream
+        self._reader = BufferedByteReceiveStream(stream)
+        self._peer = peer
+        self._lock = anyio.Lock()
+        self._calls = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._running: dict[int, anyio.CancelScope] = {}
+        self.lost: str | None = None
+
+    async def post(self, kind: str, *args: Any) -> None:
+        """Send a notice."""
+        await self._write([kind, 0, *args])
+
+    async def call(self, kind: str, *args: Any) -> Any:
+        """Send a request and return its reply. Cancellation sends ``cancel`` (shielded,
+        bounded), so the other side stops the request's work. Raises
+        :class:`~miles_lite.errors.WorkerCrashedError` when the other end is gone."""
+        self._check_lost()
+        call = next(self._calls)
+        pending = self._pending[call] = _Pending()
+        done = False
+        try:
+            await self._write([kind, call, *args])
+            await pending.done.wait()
+            done = True
+        finally:
+            self._pending.pop(call, None)
+            if not done and self.lost is None:
+                with (
+                    anyio.move_on_after(_CANCEL_WRITE_S, shield=True),
+                    contextlib.suppress(
+                        anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
+                    ),
+                ):
+                    await self._write(["cancel", call])
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    async def serve(self, requests: Requests, notices: Notices, tg: TaskGroup) -> None:
+        """Read frames until the other end closes the link: replies resolve
+        :meth:`call`, requests run in ``tg``, notices inline. Returns once the link is
+        lost (:attr:`lost` says why); pending calls then fail."""
+        try:
+            while True:
+                (size,) = _HEADER.unpack(await self._reader.receive_exactly(_HEADER.size))
+                frame = msgpack.unpackb(await self._reader.receive_exactly(size), raw=False)
+                kind, call, args = frame[0], frame[1], frame[2:]
+                if kind == "reply":
+                    self._resolve(call, args[0])
+                elif kind == "cancel":
+                    scope = self._running.get(call)
+                    if scope is not None:
+                        scope.cancel()
+                elif call:
+                    scope = self._running[call] = anyio.CancelScope()
+                    tg.start_soon(self._answer, requests, kind, call, args, scope)
+                else:
+                    notices(kind, args)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
+            self.lost = f"the link to {self._peer} closed"
+        except anyio.ClosedResourceError:
+            self.lost = f"the link to {self._peer} was closed here"
+        finally:
+            if self.lost is None:  # cancelled
+                self.lost = f"the link to {self._peer} was closed here"
+            self._fail_pending()
+
+    async def aclose(self) -> None:
+        """Close the stream (bounded, shielded)."""
+        with anyio.move_on_after(1.0, shield=True):
+            await self._stream.aclose()
+
+    async def _answer(
+        self, requests: Requests, kind: str, call: int, args: list[Any], scope: anyio.CancelScope
+    ) -> None:
+        try:
+            with scope:
+                value = await requests(kind, args)
+                await self._write(["reply", call, value])
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the asker is gone: nobody to answer
+        finally:
+            self._running.pop(call, None)
+
+    def _resolve(self, call: int, value: Any) -> None:
+        pending = self._pending.get(call)
+        if pending is not None:
+            pending.value = value
+            pending.done.set()
+
+    def _fail_pending(self) -> None:
+        for pending in self._pending.values():
+            pending.error = WorkerCrashedError(f"{self.lost}: {self._peer} did not answer")
+            pending.done.set()
+        self._pending.clear()
+        for scope in self._running.values():
+            scope.cancel()
+
+    def _check_lost(self) -> None:
+        if self.lost is not None:
+            raise WorkerCrashedError(f"{self.lost}; nothing more can be asked of {self._peer}")
+
+    async def _write(self, frame: list[Any]) -> None:
+        data = msgpack.packb(frame, use_bin_type=True)
+        async with self._lock:
+            await self._stream.send(_HEADER.pack(len(data)) + data)
+
+
+def pack_record(record: TurnRecord) -> list[Any]:
+    """``record`` as msgpack-ready values, its per-token lists as packed arrays."""
+    return [
+        record.rid,
+        record.engine_url,
+        array("i", record.prompt_ids).tobytes(),
+        array("i", record.output_ids).tobytes(),
+        array("d", record.output_log_probs).tobytes(),
+        record.finish_reason,
+        record.weight_version,
+        [[s.version, s.start, s.end, s.kv_version] for s in record.weight_spans],
+        record.cached_tokens,
+        record.prefix_len,
+        record.request,
+        record.response,
+    ]
+
+
+def unpack_record(packed: list[Any]) -> TurnRecord:
+    """The :class:`TurnRecord` :func:`pack_record` packed."""
+    (
+        rid,
+        url,
+        prompt,
+        output,
+        log_probs,
+        finish,
+        version,
+        spans,
+        cached,
+        prefix,
+        request,
+        response,
+    ) = packed
+    return TurnRecord(
+        rid=rid,
+        engine_url=url,
+        prompt_ids=_unpacked("i", prompt),
+        output_ids=_unpacked("i", output),
+        output_log_probs=_unpacked("d", log_probs),
+        finish_reason=finish,
+        weight_version=version,
+        weight_spans=tuple(WeightSpan(v, start, end, kv) for v, start, end, kv in spans),
+        cached_tokens=cached,
+        prefix_len=prefix,
+        request=request,
+        response=response,
+    )
+
+
+def _unpacked(typecode: str, data: bytes) -> list[Any]:
+    values = array(typecode)
+    values.frombytes(data)
+    return values.tolist()
