@@ -10,11 +10,14 @@ rewrites content does not give the sentinel back, and is never cached), and prov
 the first real use by rendering the messages in full and comparing; a key that fails
 either check renders in full for good. A message with ``tool_calls``, a ``name``,
 non-string content, or any other field the template's source names is always rendered in
-full. Synchronous: call it from a worker thread (the template and tokenizer are CPU work).
+full. :meth:`TemplateGlue.text_after_turn` is synchronous CPU work (Jinja renders): call it
+from a worker thread; :meth:`TemplateGlue.proven_text` never renders (a cached join), so it
+may run on the event loop, and the two may run at once in two threads.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,8 +83,26 @@ class TemplateGlue:
         self._tokenizer = tokenizer
         self._glue: dict[tuple[object, ...], tuple[str, ...] | None] = {}
         self._proven: set[tuple[object, ...]] = set()
+        # The counters are bumped from the loop (proven_text) and a worker thread.
+        self._count_lock = threading.Lock()
         self.glued = 0
         self.rendered = 0
+
+    def proven_text(
+        self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+    ) -> str | None:
+        """What :meth:`text_after_turn` gives, when glue already proven for these
+        messages' roles and ``template_kwargs`` makes it (a join of cached strings, no
+        Jinja: cheap enough for the event loop); None when it would render (call
+        :meth:`text_after_turn` then, off the loop)."""
+        key = self._key(messages, template_kwargs)
+        if key is None or key not in self._proven:
+            return None
+        glue = self._glue.get(key)
+        if glue is None:  # never for a proven key (its glue is set before it is proven)
+            return None
+        self._count_glued()
+        return _joined(glue, messages)
 
     def text_after_turn(
         self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
@@ -105,13 +126,18 @@ class TemplateGlue:
                 return full
             self._proven.add(key)
             return text
-        self.glued += 1
+        self._count_glued()
         return text
+
+    def _count_glued(self) -> None:
+        with self._count_lock:
+            self.glued += 1
 
     def _render(
         self, messages: Sequence[dict[str, Any]], template_kwargs: dict[str, Any] | None
     ) -> str:
-        self.rendered += 1
+        with self._count_lock:
+            self.rendered += 1
         return render_after_turn(self._tokenizer, messages, template_kwargs)
 
     def _key(

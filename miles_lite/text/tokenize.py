@@ -1,5 +1,6 @@
 """The one place a text prompt becomes token ids: plain text, chat ``messages`` through the
-tokenizer's template, given ids, or text and images through a processor. Off the loop."""
+tokenizer's template, given ids, or text and images through a processor. Off the loop, but
+for the short text after a chat turn that proven template glue gives (:func:`ids_after_turn`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from miles_lite.text.template_glue import TemplateGlue, render_after_turn
 from miles_lite.types import Sample, checked_token_ids
 
 __all__ = [
+    "ON_LOOP_CHARS",
     "encode",
     "ids_after_turn",
     "image_data_urls",
@@ -22,6 +24,10 @@ __all__ = [
     "sample_prompt_ids",
     "text_after_turn",
 ]
+
+#: Text after a model turn up to this many characters, from proven glue, is encoded on the
+#: event loop (at most ~0.2 ms there); longer text, or a full render, in a worker thread.
+ON_LOOP_CHARS = 512
 
 
 async def render(
@@ -88,24 +94,35 @@ async def ids_after_turn(
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The ids of :func:`text_after_turn`'s text, templated through ``glue`` (cached per
-    role where proven, else the full render) and encoded in one worker-thread call.
+    role where proven, else the full render) and encoded: at most one worker-thread hop.
 
-    Always off the loop, even when the glue is proven and the text short (encoding ~37 us
-    at 60 characters against a hop's ~65 us of CPU, on 2 loaded cores): encoding on the
-    loop saved 0.2-0.3 ms of CPU a turn at 64 light agents but raised the loop's lag p50
-    from 1-3 ms to 23-58 ms (a wave of turns then runs back to back on the loop)."""
+    On the loop, without a hop, when the glue is proven and the text at most
+    :data:`ON_LOOP_CHARS` long (a join of cached strings and an encode of 35-200 us: a
+    hop costs ~70 us of CPU alone, and the GIL hand-offs it sets off cost the session
+    server 0.5-1 ms of CPU a turn at 64 light agents on 2 loaded cores); the full render
+    (Jinja), and the encoding of longer text, in one worker-thread call."""
     tokenizer = ctx.tokenizer
+    text = glue.proven_text(messages, template_kwargs)
+    if text is not None:
+        text = _own_end_left_out(text, end_of_turn=end_of_turn, turn_ended=turn_ended)
+        if len(text) <= ON_LOOP_CHARS:
+            return _ids(tokenizer, text)
+        return await ctx.off_loop(_ids, tokenizer, text)
 
     def work() -> list[int]:
-        text = _own_end_left_out(
+        rendered = _own_end_left_out(
             glue.text_after_turn(messages, template_kwargs),
             end_of_turn=end_of_turn,
             turn_ended=turn_ended,
         )
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        return ids if type(ids) is list else list(ids)
+        return _ids(tokenizer, rendered)
 
     return await ctx.off_loop(work)
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids if type(ids) is list else list(ids)
 
 
 async def encode(ctx: TextContext, text: str) -> list[int]:
