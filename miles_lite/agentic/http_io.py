@@ -72,8 +72,11 @@ async def read_chat_body(request: web.Request, *, max_bytes: int, timeout_s: flo
     if request.content_length is not None and request.content_length > max_bytes:
         raise Refused(too_large(request.content_length, max_bytes), "too_large")
     try:
-        with anyio.fail_after(timeout_s):
+        if request.content.is_eof():  # all of it is in already: nothing to time
             raw = await request.read()
+        else:
+            with anyio.fail_after(timeout_s):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise Refused(too_large(None, max_bytes), "too_large") from None
     except TimeoutError:

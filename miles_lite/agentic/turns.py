@@ -110,7 +110,7 @@ def engine_payload(
     """The engine's chat request for an agent's ``body``, under the rollout's ``sampling``
     in chat names (:func:`~miles_lite.sglang.sampling.chat_sampling`). Raises
     :class:`BadTurn` naming a field the agent may not send or sends wrong."""
-    unknown = sorted(set(body) - ALLOWED_KEYS)
+    unknown = sorted(body.keys() - ALLOWED_KEYS)
     if unknown:
         raise BadTurn(
             f"{unknown[0]!r} is not accepted here: a rollout's chat turns take the OpenAI chat"
@@ -246,4 +246,11 @@ class Trajectory:
 
 def render_key(body: Mapping[str, Any]) -> str:
     """What besides the messages shapes a rendering: tools and template options."""
-    return json.dumps([body.get("tools"), body.get("chat_template_kwargs")], sort_keys=True)
+    tools, kwargs = body.get("tools"), body.get("chat_template_kwargs")
+    if tools is None and kwargs is None:  # most turns: no JSON to write
+        return _PLAIN_RENDER_KEY
+    return json.dumps([tools, kwargs], sort_keys=True)
+
+
+#: The render key of a request with neither tools nor template options.
+_PLAIN_RENDER_KEY = json.dumps([None, None])
