@@ -41,10 +41,9 @@ from text_layer import MockProcess, check, engines, token_groups
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.engine.config import EngineConfig, RouterConfig
-from miles_lite.rollout import training_batch
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.testing import TextEngineProcess, TextPolicy, TextStandInConfig
-from miles_lite.training import Journal, JournalConfig
+from miles_lite.training import Journal, JournalConfig, training_batch
 from miles_lite.types import Sample, SampleStatus
 
 

@@ -40,7 +40,7 @@ import anyio
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.engine.config import EngineConfig, RouterConfig
-from miles_lite.rollout.weights import WeightUpdateConfig
+from miles_lite.engine.updates import WeightUpdateConfig
 from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import (
     TextEngineProcess,

@@ -42,10 +42,9 @@ import torch
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.engine import EngineConfig, RouterConfig
-from miles_lite.rollout import TrainingBatch, group_lag, training_batch
 from miles_lite.rollout.groups import PromptGroup
-from miles_lite.rollout.stream import GroupStream
-from miles_lite.training import ResumeState
+from miles_lite.training import ResumeState, TrainingBatch, group_lag, training_batch
+from miles_lite.training.stream import GroupStream
 from miles_lite.types import Sample
 
 SERVED_MODEL = Path("~/.cache/miles-lite/sglang-venv/tiny-qwen2").expanduser()

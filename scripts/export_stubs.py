@@ -14,7 +14,13 @@ from pathlib import Path
 from miles_lite._core.lazy import export_stub
 
 #: The packages whose names load on first use (each has an ``_EXPORTS`` table).
-PACKAGES = ("miles_lite", "miles_lite.engine", "miles_lite.pools")
+PACKAGES = (
+    "miles_lite",
+    "miles_lite.engine",
+    "miles_lite.pools",
+    "miles_lite.rollout",
+    "miles_lite.training",
+)
 
 
 def stub_path(package: str) -> Path:

@@ -36,7 +36,16 @@ def test_the_top_level_and_the_errors_import_neither_torch_nor_aiohttp() -> None
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("package", ["miles_lite", "miles_lite.engine", "miles_lite.pools"])
+@pytest.mark.parametrize(
+    "package",
+    [
+        "miles_lite",
+        "miles_lite.engine",
+        "miles_lite.pools",
+        "miles_lite.rollout",
+        "miles_lite.training",
+    ],
+)
 def test_the_export_table_is_the_one_list_of_names(package: str) -> None:
     # __all__ is made from the table, every name of it loads, and the .pyi that type
     # checkers and editors read is the table's (scripts/export_stubs.py writes it).

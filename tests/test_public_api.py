@@ -30,6 +30,7 @@ PACKAGES = [
     "miles_lite.sglang",
     "miles_lite.testing",
     "miles_lite.text",
+    "miles_lite.training",
 ]
 
 #: Each package's layer: it may import only from layers below its own. (``testing`` may
@@ -44,7 +45,7 @@ LAYERS = {
     "pools": 4,
     "rewards": 5,
     "rollout": 5,
-    "training": 5.5,  # the journal: above the rollout (passed in as its RunRecorder)
+    "training": 5.5,  # the trainer's side (the Rollout facade, stream, journal) over the core
     "text": 6,
     "diffusion": 6,
     "agentic": 7,

@@ -29,12 +29,13 @@ from miles_lite.pools.parser_pool import ParserPool
 from miles_lite.pools.reward_base import RewardPoolLike
 from miles_lite.rollout.contract import GenerateFn
 from miles_lite.rollout.filters import GroupFilter
-from miles_lite.rollout.rollout import Rollout, open_reward_pools
+from miles_lite.rollout.reward_pools import open_reward_pools
 from miles_lite.rollout.startup import startup_step
+from miles_lite.training.rollout import Rollout
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.recording import RunRecorder
     from miles_lite.training.journal import Journal
+    from miles_lite.training.recorder import RolloutJournal
 
 __all__ = ["DiffusionRollout"]
 
@@ -78,7 +79,7 @@ class DiffusionRollout(Rollout):
         generate_options: Mapping[str, Any] | None = None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None = None,
         progress: bool = False,
-        journal: RunRecorder | None = None,
+        journal: RolloutJournal | None = None,
     ) -> None:
         self.context = DiffusionContext(
             router=router,

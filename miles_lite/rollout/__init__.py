@@ -1,61 +1,32 @@
-"""The rollout machinery every kind shares: the driver and its per-run context, the
-generate-function contract, groups, seeds, filters, rewards, results and spans; and what
-a trainer embeds: weight updates, streamed groups, the staleness bound, training batches."""
+"""The driver core every kind shares: the driver and its per-run context, the
+generate-function contract, groups, seeds, filters, rewards (scoring, the pools an
+``open()`` starts), results, spans and traces, and the config every rollout extends.
 
-from miles_lite.rollout.batch import TrainingBatch, group_advantages, training_batch
-from miles_lite.rollout.config import RolloutConfig
-from miles_lite.rollout.context import InFlight, RunContext
-from miles_lite.rollout.contract import AbortResult, BindsContext, GenerateFn, GenerateFnInput
-from miles_lite.rollout.driver import Driver
-from miles_lite.rollout.filters import (
-    FilterResult,
-    GroupFilter,
-    drop_aborted,
-    drop_failed,
-    drop_zero_std,
-)
-from miles_lite.rollout.groups import PromptGroup
-from miles_lite.rollout.hooks import RunHandle, RunHooks
-from miles_lite.rollout.kind import RolloutKind
-from miles_lite.rollout.result import RolloutResult
-from miles_lite.rollout.rollout import Rollout
-from miles_lite.rollout.seeds import group_seeds
-from miles_lite.rollout.spans import UnitSpan
-from miles_lite.rollout.staleness import StalenessPolicy, group_lag, staleness_metrics
-from miles_lite.rollout.stream import GroupStream, StreamStatistics
-from miles_lite.rollout.weights import WeightUpdateConfig, WeightUpdateReport, update_weights
+What a trainer holds (the :class:`~miles_lite.training.Rollout` facade with ``run``,
+``stream``, ``commit`` and ``update_weights``; streamed groups; the staleness gate;
+training batches; the journal) is one floor up, in :mod:`miles_lite.training`.
+"""
 
-__all__ = [
-    "AbortResult",
-    "BindsContext",
-    "Driver",
-    "FilterResult",
-    "GenerateFn",
-    "GenerateFnInput",
-    "GroupFilter",
-    "GroupStream",
-    "InFlight",
-    "PromptGroup",
-    "Rollout",
-    "RolloutConfig",
-    "RolloutKind",
-    "RolloutResult",
-    "RunContext",
-    "RunHandle",
-    "RunHooks",
-    "StalenessPolicy",
-    "StreamStatistics",
-    "TrainingBatch",
-    "UnitSpan",
-    "WeightUpdateConfig",
-    "WeightUpdateReport",
-    "drop_aborted",
-    "drop_failed",
-    "drop_zero_std",
-    "group_advantages",
-    "group_lag",
-    "group_seeds",
-    "staleness_metrics",
-    "training_batch",
-    "update_weights",
-]
+from miles_lite._core.lazy import lazy_exports as _lazy_exports
+
+# Imported when first used, as every package's names are (see miles_lite._core.lazy).
+_EXPORTS: dict[str, list[str]] = {
+    "miles_lite.rollout.config": ["RolloutConfig", "StalenessPolicy"],
+    "miles_lite.rollout.context": ["InFlight", "RunContext"],
+    "miles_lite.rollout.contract": ["AbortResult", "BindsContext", "GenerateFn", "GenerateFnInput"],
+    "miles_lite.rollout.driver": ["Driver"],
+    "miles_lite.rollout.filters": [
+        "FilterResult",
+        "GroupFilter",
+        "drop_aborted",
+        "drop_failed",
+        "drop_zero_std",
+    ],
+    "miles_lite.rollout.groups": ["PromptGroup"],
+    "miles_lite.rollout.hooks": ["RunHandle", "RunHooks"],
+    "miles_lite.rollout.kind": ["RolloutKind"],
+    "miles_lite.rollout.result": ["RolloutResult"],
+    "miles_lite.rollout.seeds": ["group_seeds"],
+    "miles_lite.rollout.spans": ["UnitSpan"],
+}
+__getattr__, __dir__, __all__ = _lazy_exports(__name__, _EXPORTS)

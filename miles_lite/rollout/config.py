@@ -5,14 +5,25 @@ engines' (:class:`~miles_lite.engine.EngineConfig`)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from miles_lite._core.validate import check_choice, check_int, check_seconds, check_type
+from miles_lite.engine.updates import WeightUpdateConfig
 from miles_lite.errors import ConfigError
-from miles_lite.rollout.staleness import StalenessPolicy
-from miles_lite.rollout.weights import WeightUpdateConfig
 
-__all__ = ["RolloutConfig"]
+__all__ = ["RolloutConfig", "StalenessPolicy"]
+
+
+class StalenessPolicy(str, enum.Enum):
+    """What becomes of a group lagging more than ``max_staleness``: ``DROP`` it (counted
+    in ``rollout/staleness_dropped_groups``), or ``RESUME`` it (its stale samples reset to
+    their prompts and generated again; ``rollout/staleness_resumed_groups``). The gate
+    that applies it is the trainer's (:class:`~miles_lite.training.staleness.StalenessGate`);
+    the policy is a setting of the config, so it lives here."""
+
+    DROP = "drop"
+    RESUME = "resume"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,11 +44,11 @@ class RolloutConfig:
       groups started at a time while more are needed (default: ``rollout_batch_size``);
     - ``stop_timeout_s``: bound on an early stop (aborting in-flight work), in seconds;
     - ``weight_update``: how ``update_weights`` pauses, pushes and flushes
-      (:class:`~miles_lite.rollout.weights.WeightUpdateConfig`);
+      (:class:`~miles_lite.engine.updates.WeightUpdateConfig`);
     - ``max_staleness``: the most weight updates a kept group's oldest token may lag
       behind the current version when it is handed over (``None``: no bound; 0: only
       groups made entirely by the current weights); ``staleness_policy``: what becomes
-      of a group lagging more (:class:`~miles_lite.rollout.staleness.StalenessPolicy`:
+      of a group lagging more (:class:`StalenessPolicy`:
       ``drop`` it, or ``resume`` it under the current version).
     """
 

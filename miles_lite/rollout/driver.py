@@ -25,7 +25,7 @@ stop signal, requests in flight), so runs may overlap on one driver: an early st
 one aborts only its own requests.
 
 :class:`~miles_lite.rollout.hooks.RunHooks` let a consumer of kept groups (a trainer streaming them,
-:mod:`miles_lite.rollout.stream`) take part in one run: it admits each group start
+:mod:`miles_lite.training.stream`) take part in one run: it admits each group start
 (backpressure), hears of each group's end, holds the run open while it still has kept
 groups to judge, and, through a :class:`~miles_lite.rollout.hooks.RunHandle`, wakes the scheduler, refuses a kept
 group (dropped, or started again) or asks for the early stop.

@@ -1,5 +1,5 @@
 """How a consumer of kept groups takes part in a driver's run (the trainer's side of
-:mod:`miles_lite.rollout.stream`): :class:`RunHooks` it implements, :class:`RunHandle`
+:mod:`miles_lite.training.stream`): :class:`RunHooks` it implements, :class:`RunHandle`
 the run gives it.
 
 The driver calls the hooks from the event loop and never awaits them: ``admits`` before

@@ -26,16 +26,17 @@ from miles_lite.engine.router import Router
 from miles_lite.pools.reward_base import RewardPoolLike
 from miles_lite.rollout.contract import BindsContext, GenerateFn
 from miles_lite.rollout.filters import GroupFilter
-from miles_lite.rollout.rollout import Rollout, open_reward_pools
+from miles_lite.rollout.reward_pools import open_reward_pools
 from miles_lite.rollout.startup import startup_step
 from miles_lite.text.config import TextRolloutConfig
 from miles_lite.text.context import TextContext
 from miles_lite.text.kind import TextKind
 from miles_lite.text.single_turn import generate as single_turn
+from miles_lite.training.rollout import Rollout
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.recording import RunRecorder
     from miles_lite.training.journal import Journal
+    from miles_lite.training.recorder import RolloutJournal
 
 __all__ = ["TextRollout"]
 
@@ -66,7 +67,7 @@ class TextRollout(Rollout):
         generate_options: Mapping[str, Any] | None = None,
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None = None,
         progress: bool = False,
-        journal: RunRecorder | None = None,
+        journal: RolloutJournal | None = None,
     ) -> None:
         self.context = TextContext(
             tokenizer=tokenizer,

@@ -1,4 +1,9 @@
-"""The trainer's side of a rollout: the journal that makes a run survive a crash.
+"""The trainer's side of a rollout: the :class:`Rollout` a trainer holds (``run``,
+``stream``, ``commit``, ``update_weights``), the groups it streams
+(:class:`GroupStream`), the one staleness gate both ``run`` and ``stream`` apply
+(:mod:`miles_lite.training.staleness`), training batches (:func:`training_batch`), and
+the journal that makes a run survive a crash. The driver core they build on is
+:mod:`miles_lite.rollout`, one floor down.
 
 A rollout opened with ``journal="run.db"`` (or a :class:`Journal`) records what it makes
 in a SQLite file as it makes it: the groups given, each sample as its generate call ends,
@@ -21,22 +26,19 @@ Usage::
                 await rollout.commit(step, batch=data)   # after the trainer's checkpoint
 """
 
-from __future__ import annotations
+from miles_lite._core.lazy import lazy_exports as _lazy_exports
 
-from miles_lite.training._writer import WriterStatistics
-from miles_lite.training.journal import Journal, JournalConfig
-from miles_lite.training.reader import ResumeState, StepRecord, read_resume, read_step
-from miles_lite.training.replay import Replay, batch_digest, replay_step
-
-__all__ = [
-    "Journal",
-    "JournalConfig",
-    "Replay",
-    "ResumeState",
-    "StepRecord",
-    "WriterStatistics",
-    "batch_digest",
-    "read_resume",
-    "read_step",
-    "replay_step",
-]
+# Imported when first used: the kinds import the facade (training.rollout) and need not
+# load the journal's modules with it.
+_EXPORTS: dict[str, list[str]] = {
+    "miles_lite.engine.updates": ["WeightUpdateConfig", "WeightUpdateReport"],
+    "miles_lite.training._writer": ["WriterStatistics"],
+    "miles_lite.training.batch": ["TrainingBatch", "group_advantages", "training_batch"],
+    "miles_lite.training.journal": ["Journal", "JournalConfig"],
+    "miles_lite.training.reader": ["ResumeState", "StepRecord", "read_resume", "read_step"],
+    "miles_lite.training.replay": ["Replay", "batch_digest", "replay_step"],
+    "miles_lite.training.rollout": ["Rollout"],
+    "miles_lite.training.staleness": ["group_lag", "staleness_metrics"],
+    "miles_lite.training.stream": ["GroupStream", "StreamStatistics"],
+}
+__getattr__, __dir__, __all__ = _lazy_exports(__name__, _EXPORTS)

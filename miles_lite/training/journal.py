@@ -37,7 +37,7 @@ from miles_lite.training.codec import encode_handed, encode_samples, encode_valu
 from miles_lite.types import Sample
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.batch import TrainingBatch
+    from miles_lite.training.batch import TrainingBatch
     from miles_lite.training.reader import ResumeState
 
 __all__ = ["Journal", "JournalConfig", "WriterStatistics", "config_fields", "prompt_digest"]
@@ -382,7 +382,7 @@ class Journal(AsyncResource):
     async def commit(self, step: int, batch: TrainingBatch | None = None) -> None:
         """Mark every group handed and not yet committed as consumed by ``step`` (call it
         after the trainer's own checkpoint of that step), with the digest of ``batch``
-        (the :func:`~miles_lite.rollout.training_batch` trained on, for replay); waits
+        (the :func:`~miles_lite.training.training_batch` trained on, for replay); waits
         until durable. Raises :class:`~miles_lite.errors.JournalError` when it cannot be
         written, or ``step`` was committed before."""
         from miles_lite.training.replay import batch_digest

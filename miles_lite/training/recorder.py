@@ -26,7 +26,7 @@ from miles_lite.training.reader import ResumeState
 from miles_lite.types import Sample
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.batch import TrainingBatch
+    from miles_lite.training.batch import TrainingBatch
 
 __all__ = ["JournaledKind", "ProgressScope", "RolloutJournal", "open_journal"]
 

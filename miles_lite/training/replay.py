@@ -1,7 +1,7 @@
 """Replay: the training batch a trainer consumed at a step, rebuilt from the journal with no
 engine, and its digest checked against the one journaled at commit.
 
-The digest covers every tensor of the :class:`~miles_lite.rollout.TrainingBatch` (field
+The digest covers every tensor of the :class:`~miles_lite.training.TrainingBatch` (field
 name, dtype, shape and bytes), so equal digests mean a bit-identical batch.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from miles_lite.training.reader import read_step
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.batch import TrainingBatch
+    from miles_lite.training.batch import TrainingBatch
 
 __all__ = ["Replay", "batch_digest", "replay_step"]
 
@@ -58,13 +58,13 @@ class Replay:
 
 
 def replay_step(path: str | os.PathLike[str], step: int) -> Replay:
-    """Rebuild the :func:`~miles_lite.rollout.training_batch` of committed ``step`` from
+    """Rebuild the :func:`~miles_lite.training.training_batch` of committed ``step`` from
     the journal at ``path`` (the groups in the order they were handed, ``pack`` and
     ``dtype`` as committed). Blocking. Raises
     :class:`~miles_lite.errors.JournalError` when the step was never committed."""
     import torch
 
-    from miles_lite.rollout.batch import training_batch
+    from miles_lite.training.batch import training_batch
 
     record = read_step(path, step)
     dtype = getattr(torch, record.dtype) if record.dtype else None

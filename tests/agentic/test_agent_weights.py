@@ -14,7 +14,7 @@ import pytest
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.agentic.agent import AgentGenerate
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
-from miles_lite.rollout.weights import WeightUpdateConfig
+from miles_lite.engine.updates import WeightUpdateConfig
 from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.types import SampleStatus, WeightSpan

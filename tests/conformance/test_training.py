@@ -25,7 +25,7 @@ import torch
 
 from miles_lite import SampleStatus, TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineConfig, RouterConfig
-from miles_lite.rollout.weights import WeightUpdateConfig
+from miles_lite.engine.updates import WeightUpdateConfig
 from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import SGLangServerConfig
 from miles_lite.types import Sample

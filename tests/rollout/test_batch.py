@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from miles_lite.errors import EngineStatusError, RewardError
-from miles_lite.rollout.batch import group_advantages, training_batch, trains_on
+from miles_lite.training.batch import group_advantages, training_batch, trains_on
 from miles_lite.types import Sample, SampleStatus
 
 

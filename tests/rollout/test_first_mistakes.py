@@ -121,7 +121,7 @@ async def test_an_empty_run_says_so(tokenizer: Any, caplog: pytest.LogCaptureFix
         TextStandInEngine(TextStandInConfig(), tokenizer) as engine,
         TextRollout.open([engine.url], tokenizer=tokenizer, config=config()) as rollout,
     ):
-        with caplog.at_level(logging.WARNING, logger="miles_lite.rollout.rollout"):
+        with caplog.at_level(logging.WARNING, logger="miles_lite.training.rollout"):
             result = await rollout.run([])
     assert result.groups == [] and result.metrics["rollout/prompts"] == 0
     assert any("got no prompts" in r.getMessage() for r in caplog.records)

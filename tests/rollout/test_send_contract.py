@@ -28,9 +28,9 @@ from miles_lite.engine.config import EngineClientConfig, RouterConfig
 from miles_lite.engine.control import abort_requests
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
+from miles_lite.engine.updates import WeightUpdateConfig
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import GenerateFnInput
-from miles_lite.rollout.weights import WeightUpdateConfig, update_weights
 from miles_lite.sglang.control import PauseMode
 from miles_lite.sglang.generate_wire import build_generate_payload, new_rid
 from miles_lite.sglang.sampling import TextSamplingParams
@@ -110,7 +110,7 @@ async def test_after_an_update_every_request_carries_the_new_cache_key(tokenizer
         assert await generate(stack, new_rid()) is not None
         assert await chat(stack, session) is not None
         before = len(sent_bodies(stack))
-        report = await update_weights(stack.router, None, version="1")
+        report = await stack.router.update_weights(None, version="1")
         assert report.ok
         for _ in range(2):
             assert await generate(stack, new_rid()) is not None
@@ -148,7 +148,7 @@ async def test_a_request_across_an_in_place_update_has_spans_and_kv_marks(
             tg.start_soon(send)
             await wait_until(lambda: stack.engine.stats.generated_tokens >= 5)
             config = WeightUpdateConfig(mode=PauseMode.IN_PLACE)
-            report = await update_weights(stack.router, None, version="1", config=config)
+            report = await stack.router.update_weights(None, version="1", config=config)
             assert report.ok and report.kept_kv
     ((finish, spans),) = got
     assert finish == "length"

@@ -12,8 +12,8 @@ import pytest
 from miles_lite import SampleStatus
 from miles_lite.engine.versions import WeightVersions
 from miles_lite.errors import RolloutWarning
-from miles_lite.rollout.staleness import (
-    StalenessPolicy,
+from miles_lite.rollout.config import StalenessPolicy
+from miles_lite.training.staleness import (
     group_lag,
     reset_stale_samples,
     sample_lag,
@@ -142,7 +142,7 @@ async def test_run_refuses_groups_the_weights_moved_past_during_it(
 def test_one_gate_decides_for_run_and_stream(policy: StalenessPolicy) -> None:
     # Rollout.run() and GroupStream both hand each kept group to a StalenessGate: the
     # same groups pass, are dropped or are reset, counted under the same metric keys.
-    from miles_lite.rollout.staleness import StalenessGate
+    from miles_lite.training.staleness import StalenessGate
 
     versions = WeightVersions()
     versions.base = "default"

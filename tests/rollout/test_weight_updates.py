@@ -22,8 +22,8 @@ from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.http.mock import MockResponse, MockTransport
 from miles_lite.engine.http.transport import Request
 from miles_lite.engine.router import Router
+from miles_lite.engine.updates import WeightUpdateConfig
 from miles_lite.errors import ConfigError, EngineControlError
-from miles_lite.rollout.weights import WeightUpdateConfig, update_weights
 from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
 from miles_lite.types import Sample
@@ -245,10 +245,10 @@ async def test_a_cancelled_update_still_lets_every_engine_continue() -> None:
         Router(["http://a"], client, RouterConfig(max_inflight_per_engine=2)) as router,
     ):
         with anyio.move_on_after(0.3):
-            await update_weights(router, "/ckpt", version="1")
+            await router.update_weights("/ckpt", version="1")
         assert calls[-1] == "/continue_generation"
         async with router.lease() as url:  # the hold ended with it
             assert url == "http://a"
     assert router.versions.current is None  # nothing was recorded
     with pytest.raises(ConfigError, match="str or an int"):
-        await update_weights(router, None, version=1.5)  # type: ignore[arg-type]
+        await router.update_weights(None, version=1.5)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from miles_lite.cli._args import build_parser
-from miles_lite.rollout.rollout import Rollout
+from miles_lite.training.rollout import Rollout
 from tests.text.conftest import OpenRollout
 
 pytestmark = pytest.mark.anyio

@@ -34,7 +34,6 @@ import torch
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineConfig, RouterConfig
-from miles_lite.rollout import training_batch
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.testing import (
     TextPolicy,
@@ -43,7 +42,7 @@ from miles_lite.testing import (
     TextStandInEngine,
     load_qwen3_tokenizer,
 )
-from miles_lite.training import batch_digest
+from miles_lite.training import batch_digest, training_batch
 from miles_lite.types import Sample
 
 PHASES = ("generate", "handed", "train", "commit", "update")

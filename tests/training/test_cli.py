@@ -12,10 +12,9 @@ import anyio.to_thread
 import pytest
 
 from miles_lite.cli import main
-from miles_lite.rollout import training_batch
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.testing import token_logprob
-from miles_lite.training import batch_digest
+from miles_lite.training import batch_digest, training_batch
 
 from .conftest import Journaled
 

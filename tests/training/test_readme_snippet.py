@@ -14,10 +14,9 @@ import anyio.to_thread
 import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
-from miles_lite.rollout import training_batch
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
-from miles_lite.training import batch_digest, read_resume, replay_step
+from miles_lite.training import batch_digest, read_resume, replay_step, training_batch
 
 from .conftest import Parity
 

@@ -11,9 +11,8 @@ import anyio.to_thread
 import pytest
 
 from miles_lite import SampleStatus
-from miles_lite.rollout import training_batch
 from miles_lite.rollout.groups import PromptGroup
-from miles_lite.training import batch_digest, read_resume, replay_step
+from miles_lite.training import batch_digest, read_resume, replay_step, training_batch
 from miles_lite.types import Sample
 
 from .conftest import Journaled

@@ -35,13 +35,13 @@ import anyio
 import anyio.abc
 
 from miles_lite.rollout.result import RolloutResult
-from miles_lite.rollout.staleness import StalenessGate
+from miles_lite.training.staleness import StalenessGate
 from miles_lite.types import Sample
 
 if TYPE_CHECKING:
     from miles_lite.rollout.driver import Driver
     from miles_lite.rollout.hooks import RunHandle
-    from miles_lite.rollout.recording import RunRecorder
+    from miles_lite.training.recorder import RolloutJournal
 
 __all__ = ["GroupStream", "StreamStatistics"]
 
@@ -97,7 +97,7 @@ class GroupStream:
         rollout_id: int,
         gate: StalenessGate,
         engines: tuple[str, ...] = (),
-        journal: RunRecorder | None = None,
+        journal: RolloutJournal | None = None,
     ) -> None:
         self._journal = journal  # a group is durable in it before it is yielded
         self._driver = driver

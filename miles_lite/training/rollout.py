@@ -5,6 +5,11 @@ they finish, ``update_weights`` moves the engines to a new policy version.
 
 :class:`~miles_lite.DiffusionRollout` and :class:`~miles_lite.TextRollout` are built on
 it: each brings its kind and its typed context, and an ``open`` that makes the parts.
+
+Why it lives in :mod:`miles_lite.training`, above the driver core: it is the object a
+trainer holds, and what it adds to the core is the trainer's side (streaming with
+backpressure, the staleness gate, weight updates between steps, the journal it records
+into and commits to). The core (:mod:`miles_lite.rollout`) knows none of it.
 """
 
 from __future__ import annotations
@@ -13,14 +18,12 @@ import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from miles_lite.engine.router import Router
+from miles_lite.engine.updates import WeightUpdateReport
 from miles_lite.errors import ConfigError
-from miles_lite.pools.arena import Arena
 from miles_lite.pools.reward_base import RewardPoolLike
-from miles_lite.pools.reward_pool import ApiRewardPool, RewardPool
 from miles_lite.rollout.config import RolloutConfig
 from miles_lite.rollout.driver import Driver
 from miles_lite.rollout.filters import GroupFilter
@@ -28,16 +31,15 @@ from miles_lite.rollout.groups import GroupSpec, make_groups
 from miles_lite.rollout.kind import RolloutKind
 from miles_lite.rollout.result import RolloutResult, warn_if_none_kept
 from miles_lite.rollout.scoring import Scorer
-from miles_lite.rollout.staleness import StalenessGate
-from miles_lite.rollout.startup import startup_step
-from miles_lite.rollout.stream import GroupStream
-from miles_lite.rollout.weights import WeightUpdateReport, update_weights
+from miles_lite.training.staleness import StalenessGate
+from miles_lite.training.stream import GroupStream
 
 if TYPE_CHECKING:
-    from miles_lite.rollout.batch import TrainingBatch
-    from miles_lite.rollout.recording import RunRecorder
+    from miles_lite.training.batch import TrainingBatch
+    from miles_lite.training.reader import ResumeState
+    from miles_lite.training.recorder import RolloutJournal
 
-__all__ = ["Rollout", "open_reward_pools"]
+__all__ = ["Rollout"]
 
 _log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Rollout:
         dynamic_filter: GroupFilter | Sequence[GroupFilter] | None,
         progress: bool,
         max_started_samples: int,
-        journal: RunRecorder | None = None,
+        journal: RolloutJournal | None = None,
     ) -> None:
         self.config = config
         self.router = router
@@ -184,7 +186,7 @@ class Rollout:
         stop), partial groups come back in ``result.partial``, a group lagging more than
         ``max_staleness`` when the trainer takes it is dropped or started again. Leaving
         the block early stops the run as an early stop does. See
-        :mod:`miles_lite.rollout.stream`.
+        :mod:`miles_lite.training.stream`.
         """
         if rollout_id is None:
             rollout_id = next(self._rollout_ids)
@@ -213,7 +215,7 @@ class Rollout:
     async def commit(self, step: int, *, batch: TrainingBatch | None = None) -> None:
         """Mark the groups handed so far as consumed by training step ``step`` (call it
         after the trainer's own checkpoint of that step); ``batch``: the
-        :func:`~miles_lite.rollout.training_batch` trained on, whose digest is journaled
+        :func:`~miles_lite.training.training_batch` trained on, whose digest is journaled
         for replay. Waits until durable. Raises ``ConfigError`` without a journal and
         :class:`~miles_lite.errors.JournalError` when it cannot be written. See
         :mod:`miles_lite.training`."""
@@ -221,7 +223,7 @@ class Rollout:
             raise ConfigError("commit() needs a journal: open the rollout with journal=...")
         await self.journal.commit(step, batch)
 
-    async def resume(self) -> Any:
+    async def resume(self) -> ResumeState:
         """Where the journaled run stands (:class:`~miles_lite.training.ResumeState`): the
         last committed step, the groups handed after it (train on them first), the groups
         given and never handed (pass them to the next call) and the prompt ids given.
@@ -248,14 +250,12 @@ class Rollout:
         between training steps or while a rollout runs. An engine that does not take it
         leaves the rotation until it reports the version; ``check`` raises
         :class:`~miles_lite.errors.EngineControlError` naming it (after the others were
-        updated and every engine continued). See :mod:`miles_lite.rollout.weights`.
+        updated and every engine continued). The orchestration is the router's:
+        :meth:`Router.update_weights <miles_lite.engine.router.Router.update_weights>`,
+        in :mod:`miles_lite.engine.updates` (the order and what is guaranteed).
         """
-        return await update_weights(
-            self.router,
-            model_path,
-            version=version,
-            config=self.config.weight_update,
-            check=check,
+        return await self.router.update_weights(
+            model_path, version=version, config=self.config.weight_update, check=check
         )
 
     async def add_engine(self, url: str) -> bool:
@@ -289,37 +289,3 @@ class Rollout:
         result.groups = kept
         result.metrics.update(gate.metrics(kept))
         return result
-
-
-async def open_reward_pools(
-    stack: AsyncExitStack,
-    rewards: Mapping[str, Any],
-    config: RolloutConfig,
-    *,
-    arena: Arena | None,
-) -> dict[str, RewardPoolLike]:
-    """Reward pools by kind from functions (a :class:`RewardPool` of
-    ``config.reward_workers`` processes each, calls bounded by ``config.reward_timeout_s``),
-    async scorers with ``score`` (an :class:`ApiRewardPool`) or ready pools; the pools
-    this starts are closed with ``stack``."""
-    pools: dict[str, RewardPoolLike] = {}
-    for kind, spec in rewards.items():
-        if hasattr(spec, "measure") and hasattr(spec, "score"):
-            pools[kind] = spec
-        elif hasattr(spec, "score"):
-            pools[kind] = ApiRewardPool(kind, spec)
-        else:
-            name = getattr(spec, "__qualname__", None) or type(spec).__name__
-            with startup_step(
-                f"starting reward pool {kind!r} ({config.reward_workers} worker(s) of {name})"
-            ):
-                pools[kind] = await stack.enter_async_context(
-                    RewardPool(
-                        kind,
-                        spec,
-                        workers=config.reward_workers,
-                        arena=arena,
-                        timeout_s=config.reward_timeout_s,
-                    )
-                )
-    return pools

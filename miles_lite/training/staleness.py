@@ -13,32 +13,22 @@ conditioned on them.
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from miles_lite.engine.versions import WeightVersions
+from miles_lite.rollout.config import StalenessPolicy
 from miles_lite.types import PrefixCacheInfo, Sample, SampleStatus
 
 __all__ = [
     "StalenessGate",
-    "StalenessPolicy",
     "Verdict",
     "group_lag",
     "reset_stale_samples",
     "sample_lag",
     "staleness_metrics",
 ]
-
-
-class StalenessPolicy(str, enum.Enum):
-    """What becomes of a group lagging more than ``max_staleness``: ``DROP`` it (counted
-    in ``rollout/staleness_dropped_groups``), or ``RESUME`` it (its stale samples reset to
-    their prompts and generated again; ``rollout/staleness_resumed_groups``)."""
-
-    DROP = "drop"
-    RESUME = "resume"
 
 
 def sample_lag(sample: Sample, versions: WeightVersions) -> int | None:
@@ -126,8 +116,8 @@ Verdict = Literal["fresh", "dropped", "resumed"]
 
 class StalenessGate:
     """The one decision on stale groups, for :meth:`Rollout.run
-    <miles_lite.rollout.rollout.Rollout.run>` and :class:`GroupStream
-    <miles_lite.rollout.stream.GroupStream>` alike: a group lagging more than
+    <miles_lite.training.rollout.Rollout.run>` and :class:`GroupStream
+    <miles_lite.training.stream.GroupStream>` alike: a group lagging more than
     ``max_staleness`` updates is never handed over; by ``policy`` it is dropped, or its
     stale samples are reset to their prompts (:func:`reset_stale_samples`) so it is
     generated again. Counts what it refused and the lags of what it let through, and
