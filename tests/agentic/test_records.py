@@ -51,7 +51,7 @@ def test_a_bad_triple_is_named(triples: list[Any], bad: int) -> None:
         read(answer(triples))
 
 
-@pytest.mark.parametrize("prompt", [[1, "2"], [1, 2.0], "123", None])
+@pytest.mark.parametrize("prompt", [[1, "2"], [1, 2.0], [1, True], [None], "123", None])
 def test_prompt_ids_must_be_a_list_of_ints(prompt: Any) -> None:
     body = answer([[-0.5, 10]], prompt=[] if prompt is None else prompt)
     if prompt is None:
@@ -91,3 +91,13 @@ def test_cached_tokens_are_read_and_checked() -> None:
     body["choices"][0]["meta_info"]["cached_tokens"] = -1
     with pytest.raises(EngineProtocolError, match="cached_tokens"):
         read(body)
+
+
+@pytest.mark.parametrize("prompt", [[1, -1], [1, 100], [10**30]])
+def test_prompt_ids_outside_the_vocabulary_are_refused(prompt: list[int]) -> None:
+    body = answer([[-0.5, 10]], prompt=prompt)
+    with pytest.raises(EngineProtocolError, match=r"outside \[0, 100\)"):
+        record_from_choice(body, rid="r", engine_url="http://e", request={}, vocab_size=100)
+    ok = answer([[-0.5, 10]], prompt=[0, 99])
+    record = record_from_choice(ok, rid="r", engine_url="http://e", request={}, vocab_size=100)
+    assert record.prompt_ids == [0, 99] and all(type(i) is int for i in record.prompt_ids)
