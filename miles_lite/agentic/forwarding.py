@@ -10,10 +10,9 @@ from typing import Any
 
 import anyio
 
-from miles_lite._core import json as _json
 from miles_lite.agentic.config import SessionCounters, SessionServerConfig
 from miles_lite.agentic.http_io import Refused, refuse
-from miles_lite.agentic.openai_wire import abort_answer, passthrough
+from miles_lite.agentic.openai_wire import ChatAnswer, abort_answer, engine_answer, passthrough
 from miles_lite.agentic.registry import SessionState
 from miles_lite.agentic.token_in import TokenIn
 from miles_lite.agentic.turn_send import CHAT_PATH, Marks, TurnSender
@@ -52,13 +51,13 @@ class Forwarder:
         self._token_in = token_in
         self._counts = counts
 
-    async def turn(self, session: SessionState, body: dict[str, Any]) -> tuple[Any, bool]:
+    async def turn(self, session: SessionState, body: dict[str, Any]) -> tuple[ChatAnswer, bool]:
         """The engine's chat answer to the agent's chat ``body`` (an ``abort`` answer when
         the session may no longer send), and whether it is large (encode it off the
         loop). Records the turn. Raises :class:`Refused` with the answer to give."""
         if session.stopping:
             self._counts.aborted_answers += 1
-            return abort_answer(self._model(body)), False
+            return ChatAnswer(abort_answer(self._model(body))), False
         rid = new_rid()
         try:
             payload = engine_payload(body, self._sampling, rid=rid)
@@ -68,12 +67,12 @@ class Forwarder:
         forwarded = await self.forward(session, payload, rid)
         if forwarded is None:  # the run stopped while the turn waited for an engine slot
             self._counts.aborted_answers += 1
-            return abort_answer(self._model(body)), False
+            return ChatAnswer(abort_answer(self._model(body))), False
         answer, send = forwarded
         url = send.url or ""
         try:
             record = record_from_choice(
-                answer,
+                answer.parsed,
                 rid=rid,
                 engine_url=url,
                 request=payload,
@@ -93,7 +92,7 @@ class Forwarder:
         if spans is not record.weight_spans:
             record = dataclasses.replace(record, weight_spans=spans)
         if not session.closed:
-            self._token_in.record(session, record, body, answer)
+            self._token_in.record(session, record, body, answer.parsed)
         return answer, len(record.output_ids) > _OFF_LOOP_ANSWER_TOKENS
 
     def _model(self, body: dict[str, Any]) -> str:
@@ -102,10 +101,10 @@ class Forwarder:
 
     async def forward(
         self, session: SessionState, payload: dict[str, Any], rid: str
-    ) -> tuple[Any, Marks] | None:
-        """The engine's answer (parsed) and what marks its record's spans; None when the
-        run stopped (or the session was aborted or closed) before the turn was sent.
-        Sent by the server's :class:`~miles_lite.agentic.turn_send.TurnSender`: the one
+    ) -> tuple[ChatAnswer, Marks] | None:
+        """The engine's answer (decoded once, its bytes kept to pass on) and what marks
+        its record's spans; None when the run stopped (or the session was aborted or
+        closed) before the turn was sent. Sent by the server's :class:`~miles_lite.agentic.turn_send.TurnSender`: the one
         send path in the rollout's process, reached directly or, from a worker process,
         over its link. Raises :class:`Refused` with the answer for an engine failure."""
         outcome, marks = await self._sender.send(session, payload, rid)
@@ -122,8 +121,8 @@ class Forwarder:
         data = outcome.body
         try:
             if len(data) > _OFF_LOOP_JSON_BYTES:
-                return await anyio.to_thread.run_sync(_json.loads, data), marks
-            return _json.loads(data), marks
+                return await anyio.to_thread.run_sync(engine_answer, data), marks
+            return engine_answer(data), marks
         except ValueError as exc:
             session.engine_errors += 1
             raise refuse(

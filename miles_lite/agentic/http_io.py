@@ -12,7 +12,7 @@ from aiohttp import web
 from miles_lite._core import json as _json
 from miles_lite.agentic.config import RefusalCounter
 from miles_lite.agentic.messages_wire import messages_error
-from miles_lite.agentic.openai_wire import as_chunk, error_response, too_large
+from miles_lite.agentic.openai_wire import ChatAnswer, as_chunk, error_response, too_large
 
 __all__ = ["Refused", "bearer", "messages_refusal", "read_chat_body", "refuse", "write_answer"]
 
@@ -107,12 +107,18 @@ async def read_chat_body(request: web.Request, *, max_bytes: int, timeout_s: flo
 
 
 async def write_answer(
-    request: web.Request, answer: dict[str, Any], stream: bool, large: bool = False
+    request: web.Request, answer: ChatAnswer, stream: bool, large: bool = False
 ) -> web.StreamResponse:
-    """The answer as JSON, or (``stream``) as one chunk then ``[DONE]``: ids and log-probs
-    need the whole answer, which SGLang does not stream (as miles). ``large``: encode it in
-    a worker thread (thousands of per-token log-prob entries take tens of ms)."""
-    payload = as_chunk(answer) if stream else answer
+    """The answer as JSON (the engine's own bytes where it has them: nothing to encode),
+    or (``stream``) as one chunk then ``[DONE]``: ids and log-probs need the whole answer,
+    which SGLang does not stream (as miles). ``large``: encode the chunk in a worker
+    thread (thousands of per-token log-prob entries take tens of ms)."""
+    raw = answer.raw
+    if not stream and raw is not None:
+        return web.Response(
+            body=raw if isinstance(raw, bytes) else bytes(raw), content_type="application/json"
+        )
+    payload = as_chunk(answer.parsed) if stream else answer.parsed
     if large:
         text = await anyio.to_thread.run_sync(lambda: _json.dumps(payload, strict=False))
     else:

@@ -8,19 +8,44 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from miles_lite._core import json as _json
 from miles_lite.errors import EngineStatusError
 
 __all__ = [
+    "ChatAnswer",
     "abort_answer",
     "as_chunk",
+    "engine_answer",
     "error_response",
     "passthrough",
     "too_large",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatAnswer:
+    """A chat answer on its way to the agent: ``parsed``, the JSON value (read it, never
+    change it), and ``raw``, the engine's own bytes when they are standard JSON, written
+    to the agent as they are instead of encoding ``parsed`` again (the same JSON: the
+    answer is passed on unchanged); None for an answer the server made (an ``abort``) or
+    one with NaN/Infinity literals (encoded again, as null)."""
+
+    parsed: Any
+    raw: bytes | memoryview | None = None
+
+
+def engine_answer(data: bytes | memoryview) -> ChatAnswer:
+    """The engine's chat answer read from its bytes, decoded once; ``ValueError`` when it
+    is not JSON. What the values mean is the caller's to check."""
+    try:
+        return ChatAnswer(_json.loads_strict(data), data)
+    except ValueError:  # NaN/Infinity literals (Python's json writes them): not passed on
+        return ChatAnswer(_json.loads(data))
 
 
 def as_chunk(answer: dict[str, Any]) -> dict[str, Any]:

@@ -192,7 +192,7 @@ class SessionApp:
         except BadTurn as bad:
             raise refuse(400, bad.message, "refused", param=bad.param) from None
         answer, _ = await self._turn(session, chat)
-        message = messages_answer(answer, model=self._model(body), stop=chat.get("stop"))
+        message = messages_answer(answer.parsed, model=self._model(body), stop=chat.get("stop"))
         if body.get("stream") is not True:
             return web.json_response(message)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

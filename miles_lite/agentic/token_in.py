@@ -27,7 +27,8 @@ class TokenIn:
     template), counting in the server's ``counts`` (``templated_turns``,
     ``token_in_turns``, ``recorded``). The appended messages' text comes from
     :attr:`glue` (the template's per-role glue where proven) and is templated and encoded
-    in one worker-thread call a turn."""
+    in at most one worker-thread call a turn: none once the glue is proven and the text
+    short (:func:`~miles_lite.text.tokenize.ids_after_turn`)."""
 
     def __init__(
         self, context: TextContext, config: SessionServerConfig, counts: SessionCounters
