@@ -2,8 +2,10 @@
 length-prefixed msgpack frames over a Unix-domain socket, anyio streams on both sides.
 
 A frame is ``[kind, call, *args]``. ``call`` 0 is a notice (no answer); any other number
-is a request, answered by a ``reply`` frame with the same number (or not at all when the
-asker cancels it with a ``cancel`` frame: the answering side cancels the request's task).
+is a request, answered by a ``reply`` frame with the same number, a ``fail`` frame when it
+raised (the asker raises :class:`~miles_lite.errors.WorkerTaskError` with its trace), or
+not at all when the asker cancels it with a ``cancel`` frame (the answering side cancels
+the request's task).
 Both sides run the same :class:`Link`; what a side answers is its ``requests`` and
 ``notices`` callables.
 
@@ -19,6 +21,7 @@ import itertools
 import struct
 from array import array
 from collections.abc import Awaitable, Callable
+from traceback import format_exc
 from typing import Any
 
 import anyio
@@ -26,7 +29,7 @@ import msgpack
 from anyio.abc import ByteStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from miles_lite.errors import WorkerCrashedError
+from miles_lite.errors import WorkerCrashedError, WorkerTaskError
 from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.types import WeightSpan
 
@@ -110,6 +113,8 @@ class Link:
                 kind, call, args = frame[0], frame[1], frame[2:]
                 if kind == "reply":
                     self._resolve(call, args[0])
+                elif kind == "fail":
+                    self._fail(call, args[0], args[1])
                 elif kind == "cancel":
                     scope = self._running.get(call)
                     if scope is not None:
@@ -138,8 +143,11 @@ class Link:
     ) -> None:
         try:
             with scope:
-                value = await requests(kind, args)
-                await self._write(["reply", call, value])
+                try:
+                    frame = ["reply", call, await requests(kind, args)]
+                except Exception as exc:  # the asker gets it, with its trace
+                    frame = ["fail", call, f"{type(exc).__name__}: {exc}", format_exc()]
+                await self._write(frame)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass  # the asker is gone: nobody to answer
         finally:
@@ -149,6 +157,14 @@ class Link:
         pending = self._pending.get(call)
         if pending is not None:
             pending.value = value
+            pending.done.set()
+
+    def _fail(self, call: int, message: str, trace: str) -> None:
+        pending = self._pending.get(call)
+        if pending is not None:
+            pending.error = WorkerTaskError(
+                f"{self._peer} failed the request: {message}", remote_traceback=trace
+            )
             pending.done.set()
 
     def _fail_pending(self) -> None:

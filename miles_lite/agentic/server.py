@@ -294,6 +294,11 @@ class SessionServer(AsyncResource):
             counts = counts.plus(*await self._workers.collect())
         return counts.snapshot(len(self._sessions))
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of the worker processes serving the agents now (none
+        in-process): to watch them, or to see that none outlives the server."""
+        return self._workers.pids() if self._workers is not None else []
+
     def _drop(self, session: SessionState) -> None:
         self._registry.drop(session)
         self._router.forget(session.id)

@@ -12,12 +12,17 @@ their token-in state), ``collect`` (its counters now), the ``stop`` notice. What
 or tells: ``send`` (a turn's payload: the send's outcome), ``record`` (a packed
 :class:`~miles_lite.sglang.chat_wire.TurnRecord`), ``expired`` (a session it closed
 after ``idle_ttl_s``), ``counts`` (its counters, when they changed), ``ready`` (its
-index and URL, once it serves).
+index, URL and the secret it was started with, once it serves: the main process trusts
+no link before).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -33,7 +38,7 @@ from miles_lite.agentic.session_app import SessionApp, edge
 from miles_lite.agentic.token_in import TokenIn
 from miles_lite.agentic.turn_send import SendOutcome
 from miles_lite.engine.router import Router
-from miles_lite.pools.worker_process import init_worker
+from miles_lite.pools.worker_process import OWNER_POLL_S
 from miles_lite.text.context import TextContext
 from miles_lite.types import WeightSpan
 
@@ -58,14 +63,31 @@ class WorkerSettings:
     tokenize_threads: int
 
 
-def run_worker(index: int, socket_path: str, owner_pid: int, settings: WorkerSettings) -> None:
+def run_worker(
+    index: int, socket_path: str, secret: str, owner_pid: int, settings: WorkerSettings
+) -> None:
     """The worker process: die with its owner, ignore SIGINT (the owner stops it), one
     thread for the math libraries; then serve until told to stop or the link closes."""
-    init_worker(None, 0, owner_pid, index)
-    anyio.run(_serve, index, socket_path, settings, backend="asyncio")
+    # Not the pools' initializer: its parent-death signal fires when the *thread* that
+    # started the process exits, and the server starts its workers from a worker thread
+    # (a spawn writes the pickled tokenizer: it would block the loop) that anyio retires
+    # when idle. The link closing (the owner gone) stops the worker; the watchdog covers
+    # an owner whose socket outlives it.
+    threading.Thread(target=_watch, args=(owner_pid,), name="owner-watch", daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    anyio.run(_serve, index, socket_path, secret, settings, backend="asyncio")
 
 
-async def _serve(index: int, socket_path: str, settings: WorkerSettings) -> None:
+def _watch(owner_pid: int) -> None:
+    """Exit once the owner is gone (this process was re-parented)."""
+    while os.getppid() == owner_pid:
+        time.sleep(OWNER_POLL_S)
+    os._exit(1)
+
+
+async def _serve(index: int, socket_path: str, secret: str, settings: WorkerSettings) -> None:
     stream = await anyio.connect_unix(socket_path)
     link = Link(stream, "the session server's main process")
     worker = _Worker(settings, link)
@@ -87,7 +109,7 @@ async def _serve(index: int, socket_path: str, settings: WorkerSettings) -> None
             tg.start_soon(serve_link)
             tg.start_soon(worker.sweep_idle)
             tg.start_soon(worker.report_counts)
-            await link.post("ready", index, url)
+            await link.post("ready", index, url, secret)
             await worker.stop.wait()
             tg.cancel_scope.cancel()
     finally:

@@ -21,7 +21,9 @@ import itertools
 import logging
 import multiprocessing
 import os
+import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -91,7 +93,9 @@ class SessionWorkers(AsyncResource):
         self._workers: list[_Worker] = []
         self._gone: list[list[int]] = []
         self._where: dict[str, _Worker] = {}
-        self._folder = ""
+        self._path = ""
+        #: What a worker's ``ready`` notice must hold (spawn hands it over a private pipe).
+        self._secret = secrets.token_hex(16)
         self._listener: SocketListener | None = None
         self._tg: TaskGroup | None = None
         self._stack: AsyncExitStack | None = None
@@ -103,16 +107,21 @@ class SessionWorkers(AsyncResource):
     async def _open(self) -> None:
         stack = AsyncExitStack()
         self._stack = stack
-        self._folder = await anyio.to_thread.run_sync(_new_folder)
-        stack.push_async_callback(anyio.to_thread.run_sync, _removed, self._folder)
-        path = os.path.join(self._folder, "link.sock")
-        self._listener = listener = await anyio.create_unix_listener(path)
+        if sys.platform.startswith("linux"):
+            # An abstract socket: no file to stat, create or remove (anyio stats a path
+            # on the loop); a worker proves itself with the secret it was started with.
+            self._path = f"\0miles-lite-sessions-{secrets.token_hex(16)}"
+        else:
+            folder = await anyio.to_thread.run_sync(_new_folder)
+            stack.push_async_callback(anyio.to_thread.run_sync, _removed, folder)
+            self._path = os.path.join(folder, "link.sock")
+        self._listener = listener = await anyio.create_unix_listener(self._path)
         stack.push_async_callback(_quietly_closed, listener)
         self._tg = tg = await stack.enter_async_context(anyio.create_task_group())
         stack.push_async_callback(self._stop_all)
         tg.start_soon(self._accept, listener, tg)
         with anyio.fail_after(self._config.start_timeout_s):
-            await self._start_workers(path, self._config.worker_count)
+            await self._start_workers(self._config.worker_count)
 
     async def _close(self) -> None:
         """Stop every worker (a ``stop`` notice, a bounded join, then terminate and
@@ -122,7 +131,7 @@ class SessionWorkers(AsyncResource):
         if stack is not None:
             await stack.aclose()
 
-    async def _start_workers(self, path: str, count: int) -> None:
+    async def _start_workers(self, count: int) -> None:
         """Start ``count`` workers (one thread call: hiding ``__main__`` is not
         thread-safe) and wait until each serves."""
         context = multiprocessing.get_context("spawn")
@@ -131,7 +140,7 @@ class SessionWorkers(AsyncResource):
             index = next(self._indexes)
             process = context.Process(
                 target=run_worker,
-                args=(index, path, os.getpid(), self._settings),
+                args=(index, self._path, self._secret, os.getpid(), self._settings),
                 name=f"miles-lite-session-worker-{index}",
                 daemon=True,
             )
@@ -168,9 +177,9 @@ class SessionWorkers(AsyncResource):
 
         def notices(kind: str, args: list[Any]) -> None:
             if kind == "ready":
-                index, url = args
+                index, url, secret = args
                 worker = next((w for w in self._workers if w.index == index), None)
-                if worker is None:
+                if worker is None or not secrets.compare_digest(secret, self._secret):
                     return
                 worker.link, worker.url = link, url
                 found.append(worker)
@@ -178,8 +187,13 @@ class SessionWorkers(AsyncResource):
             elif found:
                 self._notice(found[0], kind, args)
 
+        async def requests(kind: str, args: list[Any]) -> Any:
+            if not found:
+                raise ValueError("a link that has not said it is ready asks nothing")
+            return await self._requests(kind, args)
+
         try:
-            await link.serve(self._requests, notices, tg)
+            await link.serve(requests, notices, tg)
         finally:
             await link.aclose()
         if found:
@@ -219,7 +233,7 @@ class SessionWorkers(AsyncResource):
             self._gone.append(worker.counts)
         try:
             with anyio.fail_after(self._config.start_timeout_s):
-                await self._start_workers(os.path.join(self._folder, "link.sock"), 1)
+                await self._start_workers(1)
         except (WorkerCrashedError, TimeoutError) as exc:
             _log.error("session worker could not be replaced: %s", exc)
 
@@ -250,6 +264,10 @@ class SessionWorkers(AsyncResource):
         if worker.alive and worker.link is not None:
             with _link_errors_ignored():
                 await worker.link.call("close", session_id)
+
+    def pids(self) -> list[int]:
+        """The process ids of the workers serving now."""
+        return [w.process.pid for w in self._workers if w.alive and w.process.pid is not None]
 
     def reported(self) -> list[list[int]]:
         """Each worker's last reported counters (the dead ones' too)."""
@@ -327,6 +345,8 @@ def _started(processes: list[BaseProcess]) -> None:
 
 def _ended(process: BaseProcess) -> None:
     """Join ``process``: bounded, then terminate, then kill."""
+    if process.pid is None:  # never started
+        return
     process.join(STOP_JOIN_S)
     if process.is_alive():
         process.terminate()
