@@ -44,11 +44,10 @@ from typing import Any
 import aiohttp
 import anyio
 import anyio.to_thread
-from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from text_layer import Measure, check, mock_reset, mock_stats, token_groups
-from text_mock import MockEngine
+from text_mock import MockProcess
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams, run_sync
 from miles_lite.engine.config import (
@@ -64,46 +63,6 @@ from miles_lite.testing import SmgRouter
 from miles_lite.types import Sample
 
 REWARD_S = 0.05
-
-
-def _serve_mock(port_out: Any, token_latency_s: float) -> None:
-    """text_mock's engine, plus the ``/version`` smg reads when it registers an engine
-    (an engine answering none of /v1/models, /server_info, /version is never admitted)."""
-    import asyncio
-
-    async def main() -> None:
-        app = MockEngine(token_latency_s, 8).app()
-        app.router.add_get("/version", lambda r: _json({"version": "0.5.23"}))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-        await site.start()
-        port_out.send(runner.addresses[0][1])
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
-async def _json(payload: dict[str, Any]) -> web.Response:
-    return web.json_response(payload)
-
-
-@contextmanager
-def mock_engine(token_latency_s: float) -> Iterator[str]:
-    """A mock engine in a process of its own (spawn); yields its URL."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    parent, child = context.Pipe()
-    process = context.Process(target=_serve_mock, args=(child, token_latency_s), daemon=True)
-    process.start()
-    try:
-        if not parent.poll(60):
-            raise RuntimeError("the mock engine did not start within 60 s")
-        yield f"http://127.0.0.1:{parent.recv()}"
-    finally:
-        process.kill()
-        process.join(10)
 
 
 @asynccontextmanager
@@ -424,10 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = 1
     latency_s = args.token_latency_ms / 1000
     with (
-        mock_engine(0.0) as fast_a,
-        mock_engine(0.0) as fast_b,
-        mock_engine(latency_s) as slow_a,
-        mock_engine(latency_s) as slow_b,
+        MockProcess(0.0, 8) as fast_a,
+        MockProcess(0.0, 8) as fast_b,
+        MockProcess(latency_s, 8) as slow_a,
+        MockProcess(latency_s, 8) as slow_b,
         dask_cluster(2) as address,
     ):
         results = run_sync(run_all, args, [fast_a, fast_b], [slow_a, slow_b], address)

@@ -18,7 +18,7 @@ from miles_lite._core.serve import serve_app
 from miles_lite.agentic.server import SessionServerConfig
 from miles_lite.engine.config import RouterConfig
 from miles_lite.testing import TextPolicy, TextStandInConfig
-from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
+from tests.support.engine_fakes import Reply, ScriptedEngine, start_engine
 from tests.support.polling import wait_until
 
 from .conftest import RULES, Clients, OpenStack

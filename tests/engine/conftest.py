@@ -1,4 +1,4 @@
-"""Fixtures of the engine tests: test-only servers on 127.0.0.1 (see engine_fakes)."""
+"""Fixtures of the engine tests: test-only servers on 127.0.0.1 (tests.support.engine_fakes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.engine.http.client import EngineClient
-from tests.engine.engine_fakes import (
+from tests.support.engine_fakes import (
     RawEngine,
     RawHandler,
     ScriptedEngine,

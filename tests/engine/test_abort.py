@@ -11,7 +11,7 @@ import pytest
 from miles_lite.engine.config import EngineClientConfig
 from miles_lite.engine.control import abort_requests, busy_requests
 from miles_lite.engine.http.client import EngineClient
-from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
+from tests.support.engine_fakes import Reply, ScriptedEngine, start_engine
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from miles_lite.errors import (
     EngineTimeoutError,
     EngineUnavailableError,
 )
-from tests.engine.engine_fakes import RawEngine, RawHandler, Reply, ScriptedEngine
+from tests.support.engine_fakes import RawEngine, RawHandler, Reply, ScriptedEngine
 
 StartRaw = Callable[[RawHandler], Awaitable[RawEngine]]
 

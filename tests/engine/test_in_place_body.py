@@ -20,7 +20,7 @@ from miles_lite.engine.http.aiohttp_transport import IN_PLACE_MIN_BYTES, Aiohttp
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.http.response import FreshBuffer
 from miles_lite.errors import EngineProtocolError, EngineTimeoutError
-from tests.engine.engine_fakes import RawEngine, RawHandler, Reply, ScriptedEngine
+from tests.support.engine_fakes import RawEngine, RawHandler, Reply, ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

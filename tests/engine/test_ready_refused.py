@@ -12,7 +12,7 @@ from miles_lite.engine.config import RouterConfig
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineNotReadyError, EngineUnavailableError
-from tests.engine.engine_fakes import Reply, ScriptedEngine, listening_socket, start_engine
+from tests.support.engine_fakes import Reply, ScriptedEngine, listening_socket, start_engine
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.anyio

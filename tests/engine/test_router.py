@@ -23,7 +23,7 @@ from miles_lite.errors import (
     EngineTimeoutError,
     EngineUnavailableError,
 )
-from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
+from tests.support.engine_fakes import Reply, ScriptedEngine, start_engine
 from tests.support.polling import wait_until
 
 if sys.version_info < (3, 11):

@@ -10,8 +10,8 @@ import pytest
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineUnavailableError
-from tests.engine.engine_fakes import Reply, ScriptedEngine
 from tests.engine.test_router import QUIET, engines, urls_of, wait_until
+from tests.support.engine_fakes import Reply, ScriptedEngine
 
 __all__ = ["engines"]  # a fixture shared with test_router
 

@@ -12,8 +12,8 @@ from miles_lite.engine.config import EngineClientConfig, RetryPolicy
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineStatusError, EngineTimeoutError, EngineUnavailableError
-from tests.engine.engine_fakes import Reply, ScriptedEngine
 from tests.engine.test_router import QUIET, engines, urls_of
+from tests.support.engine_fakes import Reply, ScriptedEngine
 
 __all__ = ["engines"]  # fixture shared with test_router
 

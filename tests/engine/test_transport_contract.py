@@ -24,7 +24,7 @@ from miles_lite.errors import EngineError, EngineTimeoutError, EngineUnavailable
 from miles_lite.pools.arena import ArenaConfig
 from miles_lite.pools.parser_pool import ParserPool, ParserPoolConfig
 from miles_lite.testing import StandInConfig, synthetic_body
-from tests.engine.engine_fakes import listening_socket
+from tests.support.engine_fakes import listening_socket
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,8 @@ from miles_lite.engine.config import EngineClientConfig, RetryPolicy, RouterConf
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineTimeoutError
-from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
 from tests.engine.test_router import wait_until
+from tests.support.engine_fakes import Reply, ScriptedEngine, start_engine
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.errors import EngineError, EngineUnavailableError
 from miles_lite.testing import StandInConfig, StandInEngine
-from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
+from tests.support.engine_fakes import Reply, ScriptedEngine, start_engine
 
 pytestmark = pytest.mark.anyio
 

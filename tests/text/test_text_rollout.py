@@ -322,7 +322,7 @@ async def test_a_bad_answer_fails_its_sample_before_anything_of_it_is_kept(
     from miles_lite import TextRolloutConfig
     from miles_lite.engine.config import EngineConfig, RouterConfig
     from miles_lite.errors import EngineProtocolError
-    from tests.engine.engine_fakes import Reply, ScriptedEngine, start_engine
+    from tests.support.engine_fakes import Reply, ScriptedEngine, start_engine
 
     good = json.loads((captures / "gen_stop.json").read_text())
     del good["meta_info"]["id"]  # a canned answer cannot echo each request's rid

@@ -1,5 +1,14 @@
 """A transport without a socket, for unit tests of the client and the router (httpx's
-``MockTransport``): :class:`MockTransport` answers every request from a handler function."""
+``MockTransport``): :class:`MockTransport` answers every request from a handler function.
+
+Why a test double beside the real-HTTP fakes (the test suite's scripted engine, the
+stand-ins): it is public (a user's tests of their own generate function or router
+settings need no server), it fails an exchange exactly as a :class:`Failure` says
+(refused, a timeout after sending, a body cut at byte ``n``: :class:`MockFailure`,
+``fail_after``) with no wall-clock wait and no race, and it shows every request the
+"engine" received (``requests``) for the never-re-sent checks. What it cannot show, the
+bytes on a socket and aiohttp's own errors, the package's tests cover over real HTTP
+(a scripted aiohttp engine and a raw socket server, the stand-ins)."""
 
 from __future__ import annotations
 

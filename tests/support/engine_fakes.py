@@ -1,4 +1,20 @@
-"""Test-only engines on 127.0.0.1: a scripted aiohttp app, and a raw socket server for broken answers."""
+"""Test-only engines on 127.0.0.1: a scripted aiohttp app, and a raw socket server for
+broken answers.
+
+Why these stay beside the other fakes (issue 34.7 weighed each):
+
+- :class:`ScriptedEngine` answers any path with any bytes, status, content type, delay
+  and framing (Content-Length in pieces, chunked), over real HTTP: what the aiohttp
+  transport, the one error translator, the client and the router must survive from a
+  broken or hostile engine (a None log-prob, a 503 storm, a body cut short, one
+  connection reused). The text stand-in (:mod:`miles_lite.testing.text`) cannot: it
+  answers only what SGLang would, checked against the captures; and
+  :class:`~miles_lite.engine.http.mock.MockTransport` has no socket, so nothing of the
+  HTTP framing or of aiohttp's errors is exercised through it.
+- :class:`RawEngine` hands a bare socket to the test once the request is read: answers
+  no HTTP server library would write (a body shorter than its Content-Length, then a
+  close; a reset after the request arrived: "received, never re-sent").
+"""
 
 from __future__ import annotations
 
