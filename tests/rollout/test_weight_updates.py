@@ -27,9 +27,8 @@ from miles_lite.errors import ConfigError, EngineControlError
 from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
 from miles_lite.types import Sample
+from tests.support.polling import wait_until
 from tests.support.weights import saved
-
-from .conftest import wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,6 @@
-"""Journaled text rollouts over a scripted stand-in on loopback."""
+"""Text rollouts over a scripted stand-in on loopback, for the trainer's side: streaming,
+staleness, and the journal (:func:`scripted_rollout`; :func:`journaled` is the same with
+a journal and a reward)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 
-__all__ = ["Journaled", "Parity"]
+__all__ = ["Journaled", "OpenScripted", "Parity"]
 
-Journaled = Callable[..., AbstractAsyncContextManager[tuple[TextRollout, TextStandInEngine]]]
+OpenScripted = Callable[..., AbstractAsyncContextManager[tuple[TextRollout, TextStandInEngine]]]
+Journaled = OpenScripted
 
 
 class Parity:
@@ -30,14 +33,15 @@ class Parity:
 
 
 @pytest.fixture
-def journaled(tokenizer: Any) -> Journaled:
-    """``async with journaled(path, answer_tokens=6, token_latency_s=0.002, **config) as
-    (rollout, engine)``: a fresh scripted stand-in and a text rollout over it, journaled
-    at ``path`` (a path or a Journal), rewarded by :class:`Parity`."""
+def scripted_rollout(tokenizer: Any) -> OpenScripted:
+    """``async with scripted_rollout(answer_tokens, token_latency_s, **config) as (rollout,
+    engine)``: a fresh scripted stand-in answering ``answer_tokens`` random tokens and
+    EOS, and a text rollout over it. ``config``: fields of :class:`TextRolloutConfig`,
+    the rest goes to :meth:`TextRollout.open` (``journal``, ``rewards``, ...)."""
 
     @asynccontextmanager
     async def open_rollout(
-        journal: Any, answer_tokens: int = 6, token_latency_s: float = 0.002, **config: Any
+        answer_tokens: int = 6, token_latency_s: float = 0.002, **config: Any
     ) -> AsyncIterator[tuple[TextRollout, TextStandInEngine]]:
         engine_config = TextStandInConfig(
             token_latency_s=token_latency_s, policy=TextPolicy(default_length=answer_tokens)
@@ -45,26 +49,43 @@ def journaled(tokenizer: Any) -> Journaled:
         engine = TextStandInEngine(engine_config, tokenizer)
         await engine.__aenter__()
         try:
-            config.setdefault("n_samples_per_prompt", 2)
+            fields = TextRolloutConfig.__dataclass_fields__
             settings = TextRolloutConfig(
                 sampling=TextSamplingParams(max_new_tokens=answer_tokens + 1),
                 engines=EngineConfig(
                     router=RouterConfig(max_inflight_per_engine=64),
                     client=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
                 ),
-                reward="parity",
-                **config,
+                **{k: config.pop(k) for k in list(config) if k in fields},
             )
             async with TextRollout.open(
-                [engine.url],
-                tokenizer=tokenizer,
-                config=settings,
-                rewards={"parity": Parity()},
-                journal=journal,
+                [engine.url], tokenizer=tokenizer, config=settings, **config
             ) as rollout:
                 yield rollout, engine
         finally:
             with anyio.CancelScope(shield=True):
                 await engine.aclose()
+
+    return open_rollout
+
+
+@pytest.fixture
+def journaled(scripted_rollout: OpenScripted) -> Journaled:
+    """``async with journaled(path, answer_tokens=6, token_latency_s=0.002, **config) as
+    (rollout, engine)``: :func:`scripted_rollout`, journaled at ``path`` (a path or a
+    Journal), two samples a prompt (unless ``config`` says), rewarded by :class:`Parity`."""
+
+    def open_rollout(
+        journal: Any, answer_tokens: int = 6, token_latency_s: float = 0.002, **config: Any
+    ) -> AbstractAsyncContextManager[tuple[TextRollout, TextStandInEngine]]:
+        config.setdefault("n_samples_per_prompt", 2)
+        return scripted_rollout(
+            answer_tokens,
+            token_latency_s,
+            reward="parity",
+            rewards={"parity": Parity()},
+            journal=journal,
+            **config,
+        )
 
     return open_rollout

@@ -20,8 +20,9 @@ from miles_lite.training.staleness import (
     staleness_metrics,
 )
 from miles_lite.types import PrefixCacheInfo, Sample, WeightSpan
+from tests.support.polling import wait_until
 
-from .conftest import OpenScripted, wait_until
+from .conftest import OpenScripted
 
 pytestmark = pytest.mark.anyio
 

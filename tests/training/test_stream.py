@@ -10,8 +10,9 @@ import pytest
 from miles_lite import SampleStatus
 from miles_lite.errors import ConfigError
 from miles_lite.types import Sample
+from tests.support.polling import wait_until
 
-from .conftest import OpenScripted, wait_until
+from .conftest import OpenScripted
 
 pytestmark = pytest.mark.anyio
 
