@@ -20,14 +20,13 @@ import contextlib
 import itertools
 import struct
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from traceback import format_exc
 from typing import Any
 
 import anyio
 import msgpack
 from anyio.abc import ByteStream, TaskGroup
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from miles_lite.errors import WorkerCrashedError, WorkerTaskError
 from miles_lite.sglang.chat_wire import TurnRecord
@@ -36,6 +35,8 @@ from miles_lite.types import WeightSpan
 __all__ = ["Link", "pack_record", "unpack_record"]
 
 _HEADER = struct.Struct("!I")
+#: What one read of the link takes at most (bytes).
+_READ_BYTES = 1 << 16
 #: Bound on writing a cancel frame from a cancelled task (seconds).
 _CANCEL_WRITE_S = 1.0
 
@@ -64,7 +65,6 @@ class Link:
 
     def __init__(self, stream: ByteStream, peer: str) -> None:
         self._stream = stream
-        self._reader = BufferedByteReceiveStream(stream)
         self._peer = peer
         self._lock = anyio.Lock()
         self._calls = itertools.count(1)
@@ -107,9 +107,7 @@ class Link:
         :meth:`call`, requests run in ``tg``, notices inline. Returns once the link is
         lost (:attr:`lost` says why); pending calls then fail."""
         try:
-            while True:
-                (size,) = _HEADER.unpack(await self._reader.receive_exactly(_HEADER.size))
-                frame = msgpack.unpackb(await self._reader.receive_exactly(size), raw=False)
+            async for frame in self._frames():
                 kind, call, args = frame[0], frame[1], frame[2:]
                 if kind == "reply":
                     self._resolve(call, args[0])
@@ -132,6 +130,23 @@ class Link:
             if self.lost is None:  # cancelled
                 self.lost = f"the link to {self._peer} was closed here"
             self._fail_pending()
+
+    async def _frames(self) -> AsyncIterator[list[Any]]:
+        """The frames as they come: one read takes whatever arrived (under load, many
+        frames), each frame is cut from it (no await per frame)."""
+        buffer = bytearray()
+        header = _HEADER.size
+        while True:
+            buffer += await self._stream.receive(_READ_BYTES)
+            start = 0
+            while len(buffer) - start >= header:
+                (size,) = _HEADER.unpack_from(buffer, start)
+                end = start + header + size
+                if end > len(buffer):
+                    break
+                yield msgpack.unpackb(memoryview(buffer)[start + header : end], raw=False)
+                start = end
+            del buffer[:start]
 
     async def aclose(self) -> None:
         """Close the stream (bounded, shielded)."""

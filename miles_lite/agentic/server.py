@@ -241,14 +241,20 @@ class SessionServer(AsyncResource):
         :class:`SessionError` for an unknown, expired or already closed session.
         """
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or session.closed:
             raise SessionError(f"session {session_id!r} is unknown, expired or already closed")
-        self._drop(session)
         self._counts.closed += 1
-        await self._sender.abort_turn(session)
-        if self._workers is not None:
-            with anyio.CancelScope(shield=True):
-                await self._workers.close(session_id)
+        if self._workers is None:
+            self._drop(session)
+            await self._sender.abort_turn(session)
+            return list(session.records)
+        # Closed first (nothing more is sent or recorded), then closed on its worker: the
+        # link keeps frames in order, so every record the worker sent before is in.
+        session.closed = True
+        with anyio.CancelScope(shield=True):
+            await self._sender.abort_turn(session)
+            await self._workers.close(session_id)
+        self._drop(session)
         return list(session.records)
 
     def session_ids(self) -> list[str]:
@@ -256,9 +262,9 @@ class SessionServer(AsyncResource):
         return list(self._sessions)
 
     def records(self, session_id: str) -> list[TurnRecord]:
-        """A session's records so far (with worker processes too: a turn's record reaches
-        this process before its agent gets the answer); raises :class:`SessionError` if
-        it is not open."""
+        """A session's records so far (with worker processes: those that reached this
+        process; a worker sends each before its agent's answer, and :meth:`close_session`
+        returns every one); raises :class:`SessionError` if it is not open."""
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionError(f"session {session_id!r} is unknown, expired or already closed")

@@ -10,7 +10,7 @@ notebook or a script without a ``__main__`` guard). What the worker answers on i
 ``open`` / ``close`` a session (the main process opens and closes them; the worker keeps
 their token-in state), ``collect`` (its counters now), the ``stop`` notice. What it asks
 or tells: ``send`` (a turn's payload: the send's outcome), ``record`` (a packed
-:class:`~miles_lite.sglang.chat_wire.TurnRecord`), ``expired`` (a session it closed
+:class:`~miles_lite.sglang.chat_wire.TurnRecord`, sent before the agent's answer), ``expired`` (a session it closed
 after ``idle_ttl_s``), ``counts`` (its counters, when they changed), ``ready`` (its
 index, URL and the secret it was started with, once it serves: the main process trusts
 no link before).
@@ -164,9 +164,11 @@ class _Worker:
         return outcome, _Unmarked(outcome.url)
 
     async def _ship(self, session: SessionState) -> None:
-        """Send the turn's record to the main process (it keeps the session's records);
-        keep only the last one here (token in trims against its output)."""
-        await self.link.call("record", session.id, pack_record(session.records[-1]))
+        """Send the turn's record to the main process (it keeps the session's records)
+        before the agent's answer is written; keep only the last one here (token in
+        trims against its output). A notice: the link keeps frames in order, so the
+        record is in before anything the worker answers after it (``close`` included)."""
+        await self.link.post("record", session.id, pack_record(session.records[-1]))
         del session.records[:-1]
 
     # -- answered to the main process --------------------------------------------------------

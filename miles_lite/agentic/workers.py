@@ -296,26 +296,15 @@ class SessionWorkers(AsyncResource):
                 outcome, send = await self._sender.send(session, payload, rid)
             finally:
                 session.send = None
-            if outcome.kind == "ok":
-                session.sent = send
+            if outcome.kind == "ok" and not session.closed:
+                session.sent = send  # its record is the one to keep
             return outcome.to_wire()
-        if kind == "record":
-            sid, packed = args
-            session = self._registry.sessions.get(sid)
-            if session is None:
-                return None  # closed meanwhile: not recorded, as in-process
-            record = unpack_record(packed)
-            sent, session.sent = session.sent, None
-            if sent is not None and sent.rid == record.rid:
-                spans = sent.marked(record.weight_spans, record.cached_tokens)
-                if spans is not record.weight_spans:
-                    record = replace(record, weight_spans=spans)
-            session.records.append(record)
-            return None
         raise ValueError(f"the session server's main process does not answer {kind!r}")
 
     def _notice(self, worker: _Worker, kind: str, args: list[Any]) -> None:
-        if kind == "counts":
+        if kind == "record":
+            self._record(*args)
+        elif kind == "counts":
             (worker.counts,) = args
         elif kind == "expired":
             (sid,) = args
@@ -326,6 +315,21 @@ class SessionWorkers(AsyncResource):
                 self._dropped(session)
         else:
             _log.warning("session server: unknown notice %r from worker %d", kind, worker.index)
+
+    def _record(self, sid: str, packed: list[Any]) -> None:
+        """A turn's record from its worker: marked by its send (KV from before an
+        update), kept with its session's."""
+        session = self._registry.sessions.get(sid)
+        if session is None or session.sent is None:
+            return  # closed before its send ended: not recorded, as in-process
+        record = unpack_record(packed)
+        sent, session.sent = session.sent, None
+        if sent.rid != record.rid:
+            return
+        spans = sent.marked(record.weight_spans, record.cached_tokens)
+        if spans is not record.weight_spans:
+            record = replace(record, weight_spans=spans)
+        session.records.append(record)
 
 
 def _new_folder() -> str:
