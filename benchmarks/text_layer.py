@@ -19,7 +19,10 @@ baseline in the same run:
 - ``chat@C``: agent turns with the real ``openai`` client through the session server
   (TITO records, sample assembly) against the same client talking straight to the engine;
   ``chat-aiohttp@C``: the same with a light aiohttp agent, so the session server, not the
-  client, is what bounds the turns/s;
+  client, is what bounds the turns/s; ``chat-aiohttp-procs@C``: the same with the session
+  server in worker processes (``--chat-processes``, ``SessionServerConfig.processes``):
+  the CPU column is still this (the rollout's) process's, the workers' own in
+  ``worker_cpu_ms_per_turn``;
 - ``miles@C`` / ``miles-aiohttp@C`` (default run, or ``--miles-peer``): the same loads
   through miles' own session server and client-side sample assembly (``miles-rl`` 0.0.2 in
   a venv of its own, built by ``miles_peer/setup.sh``; its server runs in its own process);
@@ -50,7 +53,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import anyio
@@ -319,8 +322,10 @@ async def run_chat(
     tokenizer: Any,
     mode: str = "chat",
     client: str = "openai",
+    processes: int | Literal["auto"] = 0,
 ) -> ChatRun:
     from miles_lite.agentic.assembly import assemble_samples
+    from miles_lite.agentic.config import SessionServerConfig
     from miles_lite.agentic.server import SessionServer
     from miles_lite.text.context import TextContext
 
@@ -353,7 +358,8 @@ async def run_chat(
     ):
         context = TextContext(tokenizer, router, TextSamplingParams(max_new_tokens=max_tokens))
         run = RunContext(0)
-        async with SessionServer(context) as server:
+        config = SessionServerConfig(processes=processes)
+        async with SessionServer(context, config) as server:
             ids: dict[str, str] = {}
 
             async def open_one() -> tuple[str, str]:
@@ -372,6 +378,8 @@ async def run_chat(
                 for sample in assembly.samples:
                     sample.validate()
 
+            workers = [psutil.Process(pid) for pid in server.worker_pids()]
+            worker_cpu0 = sum(sum(w.cpu_times()[:2]) for w in workers)
             layer = await chat_turns(
                 open_one,
                 close_one,
@@ -382,6 +390,9 @@ async def run_chat(
                 f"{mode}@{sessions}",
                 latencies,
             )
+            if workers:
+                worker_cpu = sum(sum(w.cpu_times()[:2]) for w in workers) - worker_cpu0
+                layer.extra["worker_cpu_ms_per_turn"] = 1000 * worker_cpu / max(layer.requests, 1)
     layer.baseline = bare.mode
     layer.extra["throughput_vs_direct"] = layer.rps / bare.rps
     layer.extra["assembly_ms_per_turn"] = 1000 * assembly_s / max(assembled, 1)
@@ -584,6 +595,21 @@ async def run_all(
                 )
                 chats.append(chat.layer)
                 out += [chat.layer, chat.direct]
+        # The light agent again, the session server in worker processes: what leaves the
+        # rollout's process (its CPU per turn, its loop's lag), next to its own direct run.
+        if args.chat_processes != "0":
+            for sessions in args.chat_sessions:
+                chat = await run_chat(
+                    zero_url,
+                    sessions,
+                    args.chat_turns,
+                    args.chat_tokens,
+                    tokenizer,
+                    "chat-aiohttp-procs",
+                    "aiohttp",
+                    processes=_processes(args.chat_processes),
+                )
+                out += [chat.layer, chat.direct]
         if args.miles_peer:
             peers = await run_miles_peer(args, zero_url)
             for layer, peer in zip(chats, peers, strict=True):
@@ -665,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chat-sessions", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--chat-turns", type=int, default=8)
     parser.add_argument("--chat-tokens", type=int, default=32)
+    parser.add_argument(
+        "--chat-processes",
+        default="auto",
+        help="worker processes of the session server for the chat-aiohttp-procs rows"
+        " (SessionServerConfig.processes: a count or 'auto'; 0 skips those rows)",
+    )
     parser.add_argument("--turn-sweep", type=int, nargs="+", default=[4, 32, 128])
     parser.add_argument("--stop-inflight", type=int, default=512)
     parser.add_argument("--stop-tokens", type=int, default=2000)
@@ -714,6 +746,11 @@ def main(argv: list[str] | None = None) -> int:
     chart(results, args.png)
     print(f"chart: {args.png}")
     return 0
+
+
+def _processes(value: str) -> int | Literal["auto"]:
+    """``--chat-processes``: a count, or ``auto``."""
+    return "auto" if value == "auto" else int(value)
 
 
 def default_png(*, quick: bool) -> Path:
