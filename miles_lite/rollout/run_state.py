@@ -9,6 +9,7 @@ import math
 import time
 from collections import deque
 from contextlib import ExitStack
+from operator import attrgetter
 from typing import Any, Protocol
 
 import anyio
@@ -60,6 +61,7 @@ _WAKE = -1
 _STOP = -2
 #: Statuses of a sample that needs no more generation.
 _DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+_STATUS = attrgetter("status")
 
 
 class RunState:
@@ -229,11 +231,39 @@ class RunState:
 
     async def _work(self, job: _Job | None) -> None:
         """A worker: runs the units it is handed (and ends the groups they complete),
-        waiting idle between them, until the run needs no more units."""
+        waiting idle between them, until the run needs no more units.
+
+        A unit's generate call is awaited here, not in a helper coroutine: every response
+        wakes each coroutine level between the loop and the socket, and this runs once
+        per text sample."""
+        kind, context = self.kind, self.context
         while job is not None:
             index, u, unit, span = job
             if span is not None:
-                await self._run_unit(unit, span, self.outputs[index], u)
+                out: list[Sample] | None = unit
+                if not _all_done(unit):  # else carried over from an earlier rollout
+                    out = None
+                    if not self.stopping.is_set():  # else never sent
+                        self.generating += 1
+                        try:
+                            out = await kind.generate(unit, span, context)
+                        except MilesLiteError as exc:
+                            out = _failed(unit, span, exc)
+                        except Exception as exc:
+                            out = _failed(unit, span, _generate_error(exc))
+                        else:
+                            _take_places(out, unit)
+                        finally:
+                            self.generating -= 1
+                            if self.generating == 0 and self.stopping.is_set():
+                                self.drained.set()
+                        span.aborted = _any_aborted(out)
+                if out is not None:
+                    self.outputs[index][u] = out
+                    if not self.stopping.is_set():  # no reward for work no longer needed
+                        span.reward_start = time.monotonic()
+                        await self.driver.scorer.score_unit(out, url=span.engine, span=span)
+                        span.reward_end = time.monotonic()
                 self.unfinished[index] -= 1
             if self.unfinished[index] == 0:  # its last unit (or an empty group)
                 await self._end_group(index)
@@ -323,43 +353,6 @@ class RunState:
             # After the end is queued: a refusal it makes is seen by the scheduler after.
             self.hooks.finished(index, whole, verdict.keep)
 
-    async def _run_unit(
-        self, unit: list[Sample], span: UnitSpan, outputs: list[list[Sample]], slot: int
-    ) -> None:
-        if all(s.status in _DONE for s in unit):
-            out = unit  # carried over from an earlier rollout (partial rollout)
-        else:
-            if self.stopping.is_set():
-                return  # never sent
-            self.generating += 1
-            # The kind's generate awaited here, not in a helper coroutine: one coroutine
-            # level less for every response to wake (this runs once per text sample).
-            try:
-                out = await self.kind.generate(unit, span, self.context)
-            except MilesLiteError as exc:
-                out = _failed(unit, span, exc)
-            except Exception as exc:
-                error = GenerateError(f"generate function raised {type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-                out = _failed(unit, span, error)
-            else:
-                if len(out) == len(unit):
-                    # The driver owns identity: whatever objects come back take the places
-                    # (and the numbers) of the samples they fill.
-                    for made, place in zip(out, unit, strict=True):
-                        made.index, made.group_index = place.index, place.group_index
-            finally:
-                self.generating -= 1
-                if self.generating == 0 and self.stopping.is_set():
-                    self.drained.set()
-            span.aborted = any(s.status is SampleStatus.ABORTED for s in out)
-        outputs[slot] = out
-        if self.stopping.is_set():
-            return  # no reward for work the rollout no longer needs
-        span.reward_start = time.monotonic()
-        await self.driver.scorer.score_unit(out, url=span.engine, span=span)
-        span.reward_end = time.monotonic()
-
     def _whole(self, index: int) -> list[Sample]:
         """Group ``index`` as its units left it (the input samples if it never started)."""
         outputs = self.outputs.get(index)
@@ -424,6 +417,31 @@ class RunState:
                 ),
             ),
         )
+
+
+def _all_done(unit: list[Sample]) -> bool:
+    """Whether every sample of ``unit`` needs no more generation (no generator frame:
+    this runs once per unit)."""
+    return all(map(_DONE.__contains__, map(_STATUS, unit)))
+
+
+def _any_aborted(samples: list[Sample]) -> bool:
+    return SampleStatus.ABORTED in map(_STATUS, samples)
+
+
+def _take_places(out: list[Sample], unit: list[Sample]) -> None:
+    """The driver owns identity: whatever objects a generate call returns take the places
+    (and the numbers) of the samples they fill (when as many came back as were given)."""
+    if len(out) == len(unit):
+        for made, place in zip(out, unit, strict=True):
+            made.index, made.group_index = place.index, place.group_index
+
+
+def _generate_error(exc: Exception) -> GenerateError:
+    """A generate function's own exception (not a typed one) as a GenerateError."""
+    error = GenerateError(f"generate function raised {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 def _failed(unit: list[Sample], span: UnitSpan, error: MilesLiteError) -> list[Sample]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from miles_lite.errors import JournalError
 from miles_lite.training._schema import journal_error
 
-__all__ = ["Write", "Writer", "WriterStatistics"]
+__all__ = ["SAMPLE_INSERT", "SampleRow", "Write", "Writer", "WriterStatistics"]
 
 #: Writes applied in one transaction at most.
 _MAX_BATCH = 512
@@ -31,17 +31,28 @@ _MAX_BATCH = 512
 _GATHER_S = 0.002
 
 
+#: Where a sample record goes (a generate call's record, or streamed progress: a record of
+#: the same place and attempt replaces it).
+SAMPLE_INSERT = "INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?)"
+
+#: A sample record's row: (group id, place, attempt, status, encoded samples).
+SampleRow = tuple[int, int, int, str, bytes]
+
+
 @dataclass(slots=True)
 class Write:
-    """One write: ``apply`` runs inside the writer's transaction; ``done`` (when set)
-    resolves once that transaction is committed (durably when ``durable``)."""
+    """One write: ``apply`` runs inside the writer's transaction, or (``apply`` None) the
+    sample record ``row`` is inserted (consecutive rows in one ``executemany``: one call
+    for many, not a closure and a statement per sample); ``done`` (when set) resolves once
+    that transaction is committed (durably when ``durable``)."""
 
-    apply: Callable[[sqlite3.Connection], object]
+    apply: Callable[[sqlite3.Connection], object] | None
     samples: int = 0
     durable: bool = False
     done: Future[None] | None = None
     #: Holds a place of the bounded room (sample writes; control writes do not).
     counted: bool = False
+    row: SampleRow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +198,7 @@ class Writer:
                 if durable:
                     conn.execute("PRAGMA synchronous=FULL")
                 conn.execute("BEGIN")
-                for write in batch:
-                    write.apply(conn)
+                _apply_in_order(conn, batch)
                 conn.execute("COMMIT")
                 if durable:
                     conn.execute("PRAGMA synchronous=NORMAL")
@@ -213,6 +223,24 @@ class Writer:
                     write.done.set_result(None)
                 else:
                     write.done.set_exception(self.error)
+
+
+def _apply_in_order(conn: sqlite3.Connection, batch: list[Write]) -> None:
+    """Apply ``batch`` in its order, each run of consecutive sample rows as one
+    ``executemany``."""
+    rows: list[SampleRow] = []
+    for write in batch:
+        apply = write.apply
+        if apply is None:
+            if write.row is not None:
+                rows.append(write.row)
+            continue
+        if rows:
+            conn.executemany(SAMPLE_INSERT, rows)
+            rows = []
+        apply(conn)
+    if rows:
+        conn.executemany(SAMPLE_INSERT, rows)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

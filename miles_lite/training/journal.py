@@ -311,22 +311,22 @@ class Journal(AsyncResource):
         """Record what the generate call ``attempt`` made for place ``slot`` of group
         ``gid`` (queued; waits only when the queue is full). A record of an older attempt
         never supersedes a newer one: the newest attempt of a place is the one read."""
+        while not self.record_nowait(gid, slot, attempt, samples):
+            await anyio.to_thread.run_sync(self.writer.wait_room)
+
+    def record_nowait(self, gid: int, slot: int, attempt: int, samples: list[Sample]) -> bool:
+        """:meth:`record` without waiting: False (nothing queued) when the queue is full,
+        then await :meth:`record`. True also once the writer failed (nothing is queued:
+        the hand-off raises its error; a generate call is no place to fail the run)."""
+        writer = self.writer
+        if writer.error is not None:
+            return True
         status = samples[0].status.value if samples else "pending"
         # Encoded here, on the loop (5-10 us a 512-token sample, in C): the writer then
         # holds the GIL for nothing but a few calls, and the sample is the one the call
         # returned, not one the scorer or the trainer changed since.
         row = (gid, slot, attempt, status, encode_samples(samples))
-
-        def apply(conn: sqlite3.Connection) -> None:
-            # REPLACE: the call's streamed progress (same attempt) is superseded by it.
-            conn.execute("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?)", row)
-
-        write = Write(apply, samples=len(samples), counted=True)
-        writer = self.writer
-        if writer.error is not None:
-            return  # the hand-off raises it: a generate call is no place to fail the run
-        while not writer.put(write):
-            await anyio.to_thread.run_sync(writer.wait_room)
+        return writer.put(Write(None, samples=len(samples), counted=True, row=row))
 
     def progress(self, gid: int, slot: int, attempt: int, sample: Sample) -> bool:
         """Record ``sample`` in flight (its output so far, ABORTED) as place ``slot`` of
@@ -334,12 +334,8 @@ class Journal(AsyncResource):
         call's own record replaces it when the call ends. Never waits: with the queue full
         it is skipped (False; ``progress_skipped`` counts it)."""
         row = (gid, slot, attempt, sample.status.value, encode_samples([sample]))
-
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?)", row)
-
         writer = self.writer
-        if writer.error is None and writer.put(Write(apply, counted=True)):
+        if writer.error is None and writer.put(Write(None, counted=True, row=row)):
             self.progress_written += 1
             return True
         self.progress_skipped += 1

@@ -164,12 +164,15 @@ class JournaledKind:
             with scope:
                 out = await self.kind.generate(unit, span, run)
         if gid is not None:
+            journal = recorder.journal
             if len(out) == len(unit):
                 for sample, (_, slot) in zip(out, places, strict=True):
-                    await recorder.journal.record(gid, slot, attempt, [sample])
+                    # Queued without an await (a coroutine) per sample: one only when full.
+                    if not journal.record_nowait(gid, slot, attempt, [sample]):
+                        await journal.record(gid, slot, attempt, [sample])
                     recorder.recorded(gid, slot, attempt, sample)
-            elif out:
-                await recorder.journal.record(gid, places[0][1], attempt, list(out))
+            elif out and not journal.record_nowait(gid, places[0][1], attempt, list(out)):
+                await journal.record(gid, places[0][1], attempt, list(out))
         return out
 
     async def abort(self, run: RunContext, *, alone: bool) -> dict[str, float]:
