@@ -20,19 +20,23 @@ import anyio
 import openai
 import pytest
 
+from miles_lite import TextRollout, TextRolloutConfig
+from miles_lite.agentic.agent import AgentGenerate
 from miles_lite.agentic.config import SessionServerStatistics
 from miles_lite.agentic.server import SessionServer, SessionServerConfig
 from miles_lite.engine.config import EngineClientConfig, RouterConfig
 from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
-from miles_lite.errors import SessionError
+from miles_lite.errors import ConfigError, SessionError, WorkerCrashedError
 from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextContext
+from miles_lite.types import SampleStatus
 from tests.support.polling import wait_until
 
+from . import agents
 from .agents_plain import SSL_CONTEXT
 from .conftest import RULES, TOOLS
 from .test_messages import messages_tool_agent
@@ -463,3 +467,74 @@ def _serves(pid: int, base: str) -> bool:
 
     port = int(base.rsplit(":", 1)[1])
     return any(c.laddr and c.laddr.port == port for c in psutil.Process(pid).net_connections())
+
+
+def test_processes_is_a_count_or_auto_and_names_itself_otherwise() -> None:
+    assert SessionServerConfig().worker_count == 0  # in the rollout's process by default
+    assert SessionServerConfig(processes=3).worker_count == 3
+    auto = SessionServerConfig(processes="auto").worker_count
+    assert auto == max(1, min(4, (os.cpu_count() or 1) - 1))
+    for bad in (-1, True, "many", 1.5):
+        with pytest.raises(ConfigError, match="processes"):
+            SessionServerConfig(processes=bad)  # type: ignore[arg-type]
+
+
+class _TokenizerLostOnTheWay:
+    """Pickles, but cannot be unpickled: a worker that fails while it starts."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_refuse_to_load, ())
+
+
+def _refuse_to_load() -> None:
+    raise RuntimeError("this tokenizer does not load in a worker")
+
+
+@pytest.mark.slow
+async def test_a_worker_that_fails_to_start_fails_the_servers_start_by_name(
+    served: Served,
+) -> None:
+    if not served.server.config.worker_count:
+        pytest.skip("worker processes only")
+    context = dataclasses.replace(served.context, tokenizer=_TokenizerLostOnTheWay())
+    server = SessionServer(context, SessionServerConfig(processes=1))
+    with pytest.raises(WorkerCrashedError, match="exited with code 1 while starting"):
+        async with server:
+            pass
+    assert server.worker_pids() == []
+
+
+@pytest.mark.slow
+async def test_an_agent_rollout_with_worker_processes_gives_the_in_process_samples(
+    tokenizer: Any,
+) -> None:
+    """The README's process-mode line, through TextRollout and AgentGenerate."""
+    got = []
+    for processes in (0, 1):
+        sessions = SessionServerConfig(processes=processes)
+        generate = AgentGenerate(agents.run_agent, sessions=sessions)
+        async with (
+            TextStandInEngine(
+                TextStandInConfig(policy=TextPolicy(rules=RULES)), tokenizer
+            ) as engine,
+            TextRollout.open(
+                [engine.url],
+                tokenizer=tokenizer,
+                config=TextRolloutConfig(
+                    n_samples_per_prompt=2, sampling=TextSamplingParams(max_new_tokens=64)
+                ),
+                generate=generate,
+            ) as rollout,
+        ):
+            result = await rollout.run([ADD])
+            assert len(generate.server.worker_pids()) == processes
+            assert generate.server.session_ids() == []  # every session was closed
+        for sample in result.samples:
+            assert sample.status is SampleStatus.COMPLETED, sample.error
+        got.append(
+            sorted(
+                (s.tokens, s.loss_mask, s.rollout_log_probs, s.reward, s.turns)
+                for s in result.samples
+            )
+        )
+    assert got[0] == got[1]
