@@ -64,6 +64,10 @@ class Forwarder:
         except BadTurn as bad:
             raise refuse(400, bad.message, "refused", param=bad.param) from None
         sent = await self._token_in.prompt_ids(session, body, payload)
+        # One loop step less long: agents' turns that arrive together (their requests
+        # read in one step) are prepared in one step and sent in the next, not both at
+        # once (64 lockstep agents: the longest step's CPU 13-15 ms against 19-23).
+        await anyio.lowlevel.checkpoint()
         forwarded = await self.forward(session, payload, rid)
         if forwarded is None:  # the run stopped while the turn waited for an engine slot
             self._counts.aborted_answers += 1
