@@ -112,6 +112,20 @@ def test_all_is_sorted_complete_and_documented(name: str) -> None:
     assert public == set(exported) | (public & {"tiny_clip"})
 
 
+def test_rollout_is_the_driver_core_and_training_the_trainers_side() -> None:
+    # Issue 34.3: the facade a trainer holds, its stream, the staleness gate and training
+    # batches left rollout/; rollout exports only its own modules' names.
+    import miles_lite.rollout
+    import miles_lite.training
+
+    assert all(module.startswith("miles_lite.rollout.") for module in miles_lite.rollout._EXPORTS)
+    trainer = {"Rollout", "GroupStream", "StreamStatistics", "TrainingBatch", "training_batch"}
+    assert trainer <= set(miles_lite.training.__all__)
+    assert not set(miles_lite.rollout.__all__) & set(miles_lite.training.__all__)
+    moved = ("rollout.py", "stream.py", "staleness.py", "batch.py", "weights.py", "recording.py")
+    assert not [name for name in moved if (PACKAGE / "rollout" / name).exists()]
+
+
 def test_every_error_says_what_it_is_raised_for() -> None:
     for name in miles_lite.errors.__all__:
         obj = getattr(miles_lite.errors, name)

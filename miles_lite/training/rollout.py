@@ -199,7 +199,6 @@ class Rollout:
         groups = self.make_groups(prompts, rollout_id)
         if self.journal is not None:
             self.journal.begin(groups, rollout_id)
-        versions = self.router.versions
         return GroupStream(
             self.driver,
             groups,
@@ -207,7 +206,7 @@ class Rollout:
             target=config.rollout_batch_size,
             batch_size=config.over_sampling_batch_size,
             rollout_id=rollout_id,
-            gate=StalenessGate(versions, config.max_staleness, config.staleness_policy),
+            gate=self._staleness_gate(),
             engines=self.router.urls,
             journal=self.journal,
         )
@@ -270,12 +269,16 @@ class Rollout:
         (:meth:`Router.remove_engine <miles_lite.engine.router.Router.remove_engine>`)."""
         await self.router.remove_engine(url, drain=drain)
 
+    def _staleness_gate(self) -> StalenessGate:
+        """A gate of this rollout's bound and policy, over the router's versions (one per
+        call: it counts what it refused in that call)."""
+        config = self.config
+        return StalenessGate(self.router.versions, config.max_staleness, config.staleness_policy)
+
     def _bound_staleness(self, result: RolloutResult) -> RolloutResult:
         """Refuse the kept groups lagging more than ``max_staleness`` (see :meth:`run`),
         by the same :class:`StalenessGate` a stream uses."""
-        gate = StalenessGate(
-            self.router.versions, self.config.max_staleness, self.config.staleness_policy
-        )
+        gate = self._staleness_gate()
         kept = []
         for group in result.groups:
             verdict = gate.check(group)
