@@ -4,9 +4,7 @@ proves the template's glue), none for the turns after it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,24 +16,11 @@ from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
-from miles_lite.text.context import TextContext
+from tests.support.hop_counting import HopCountingContext
 
 from .conftest import RULES
 
 pytestmark = pytest.mark.anyio
-
-T = TypeVar("T")
-
-
-@dataclass
-class HopCountingContext(TextContext):
-    """A text context that counts its worker-thread calls (``hops``)."""
-
-    hops: int = 0
-
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        self.hops += 1
-        return await super().off_loop(fn, *args)
 
 
 async def test_a_session_of_plain_turns_takes_one_hop(tokenizer: Any) -> None:

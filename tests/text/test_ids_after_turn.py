@@ -4,33 +4,18 @@ Qwen3 tokenizer and template of the stand-in)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from miles_lite.testing import load_qwen3_tokenizer
-from miles_lite.text.context import TextContext
 from miles_lite.text.template_glue import TemplateGlue, render_after_turn
 from miles_lite.text.tokenize import ON_LOOP_CHARS, ids_after_turn
+from tests.support.hop_counting import HopCountingContext
 
 pytestmark = pytest.mark.anyio
 
-T = TypeVar("T")
-
 END = "<|im_end|>"
-
-
-@dataclass
-class HopCountingContext(TextContext):
-    """A text context that counts its worker-thread calls (``hops``)."""
-
-    hops: int = 0
-
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        self.hops += 1
-        return await super().off_loop(fn, *args)
 
 
 @pytest.fixture
