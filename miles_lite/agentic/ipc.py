@@ -16,7 +16,6 @@ object per token on the wire.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import struct
 from array import array
@@ -37,8 +36,6 @@ __all__ = ["Link", "pack_record", "unpack_record"]
 _HEADER = struct.Struct("!I")
 #: What one read of the link takes at most (bytes).
 _READ_BYTES = 1 << 16
-#: Bound on writing a cancel frame from a cancelled task (seconds).
-_CANCEL_WRITE_S = 1.0
 
 #: What a side answers: ``requests(kind, args)`` for a request (its value is the reply;
 #: run in a task of its own, cancelled by a ``cancel`` frame), ``notices(kind, args)``
@@ -66,15 +63,28 @@ class Link:
     def __init__(self, stream: ByteStream, peer: str) -> None:
         self._stream = stream
         self._peer = peer
-        self._lock = anyio.Lock()
+        #: Frames waiting for the writer task, which sends all that wait in one write.
+        self._outbox: list[bytes] = []
+        self._queued = anyio.Event()
+        #: Frames queued, and sent, so far; ``_progress`` is set after each write.
+        self._put_count = 0
+        self._sent_count = 0
+        self._progress = anyio.Event()
         self._calls = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._running: dict[int, anyio.CancelScope] = {}
         self.lost: str | None = None
 
     async def post(self, kind: str, *args: Any) -> None:
-        """Send a notice."""
-        await self._write([kind, 0, *args])
+        """Send a notice (queued: frames go out in the order they were queued)."""
+        self._put([kind, 0, *args])
+
+    async def flushed(self) -> None:
+        """Return once every frame queued so far was handed to the socket (or the link
+        is lost)."""
+        target = self._put_count
+        while self._sent_count < target and self.lost is None:
+            await self._progress.wait()
 
     async def call(self, kind: str, *args: Any) -> Any:
         """Send a request and return its reply. Cancellation sends ``cancel`` (shielded,
@@ -85,19 +95,13 @@ class Link:
         pending = self._pending[call] = _Pending()
         done = False
         try:
-            await self._write([kind, call, *args])
+            self._put([kind, call, *args])
             await pending.done.wait()
             done = True
         finally:
             self._pending.pop(call, None)
             if not done and self.lost is None:
-                with (
-                    anyio.move_on_after(_CANCEL_WRITE_S, shield=True),
-                    contextlib.suppress(
-                        anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
-                    ),
-                ):
-                    await self._write(["cancel", call])
+                self._put(["cancel", call])
         if pending.error is not None:
             raise pending.error
         return pending.value
@@ -106,6 +110,22 @@ class Link:
         """Read frames until the other end closes the link: replies resolve
         :meth:`call`, requests run in ``tg``, notices inline. Returns once the link is
         lost (:attr:`lost` says why); pending calls then fail."""
+        try:
+            async with anyio.create_task_group() as writing:
+                writing.start_soon(self._writer)
+                await self._read(requests, notices, tg)
+                writing.cancel_scope.cancel()
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
+            self.lost = f"the link to {self._peer} closed"
+        except anyio.ClosedResourceError:
+            self.lost = f"the link to {self._peer} was closed here"
+        finally:
+            if self.lost is None:  # cancelled
+                self.lost = f"the link to {self._peer} was closed here"
+            self._progressed()
+            self._fail_pending()
+
+    async def _read(self, requests: Requests, notices: Notices, tg: TaskGroup) -> None:
         try:
             async for frame in self._frames():
                 kind, call, args = frame[0], frame[1], frame[2:]
@@ -126,10 +146,28 @@ class Link:
             self.lost = f"the link to {self._peer} closed"
         except anyio.ClosedResourceError:
             self.lost = f"the link to {self._peer} was closed here"
-        finally:
-            if self.lost is None:  # cancelled
-                self.lost = f"the link to {self._peer} was closed here"
-            self._fail_pending()
+
+    async def _writer(self) -> None:
+        """Send what waits in the outbox, all of it in one write (under load, many
+        frames), until the link is lost."""
+        try:
+            while True:
+                await self._queued.wait()
+                self._queued = anyio.Event()
+                data = b"".join(self._outbox)
+                self._outbox.clear()
+                count = self._put_count
+                await self._stream.send(data)
+                self._sent_count = count
+                self._progressed()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self.lost = f"the link to {self._peer} closed"
+            self._progressed()
+            await self.aclose()  # the reader sees it and ends too
+
+    def _progressed(self) -> None:
+        progress, self._progress = self._progress, anyio.Event()
+        progress.set()
 
     async def _frames(self) -> AsyncIterator[list[Any]]:
         """The frames as they come: one read takes whatever arrived (under load, many
@@ -162,9 +200,7 @@ class Link:
                     frame = ["reply", call, await requests(kind, args)]
                 except Exception as exc:  # the asker gets it, with its trace
                     frame = ["fail", call, f"{type(exc).__name__}: {exc}", format_exc()]
-                await self._write(frame)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass  # the asker is gone: nobody to answer
+                self._put(frame)
         finally:
             self._running.pop(call, None)
 
@@ -194,10 +230,14 @@ class Link:
         if self.lost is not None:
             raise WorkerCrashedError(f"{self.lost}; nothing more can be asked of {self._peer}")
 
-    async def _write(self, frame: list[Any]) -> None:
+    def _put(self, frame: list[Any]) -> None:
+        """Queue ``frame`` for the writer task; dropped once the link is lost."""
+        if self.lost is not None:
+            return
         data = msgpack.packb(frame, use_bin_type=True)
-        async with self._lock:
-            await self._stream.send(_HEADER.pack(len(data)) + data)
+        self._outbox += (_HEADER.pack(len(data)), data)
+        self._put_count += 1
+        self._queued.set()
 
 
 def pack_record(record: TurnRecord) -> list[Any]:

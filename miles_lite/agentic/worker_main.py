@@ -170,6 +170,7 @@ class _Worker:
         record is in before anything the worker answers after it (``close`` included)."""
         await self.link.post("record", session.id, pack_record(session.records[-1]))
         del session.records[:-1]
+        await self.link.flushed()
 
     # -- answered to the main process --------------------------------------------------------
 
