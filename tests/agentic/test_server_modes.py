@@ -39,7 +39,7 @@ from tests.support.polling import wait_until
 from . import agents
 from .agents_plain import SSL_CONTEXT
 from .conftest import RULES, TOOLS
-from .test_messages import messages_tool_agent
+from .test_messages import messages_tool_agent, readme_block
 from .test_server import ADD, tool_agent
 
 pytestmark = pytest.mark.anyio
@@ -508,11 +508,17 @@ async def test_a_worker_that_fails_to_start_fails_the_servers_start_by_name(
 async def test_an_agent_rollout_with_worker_processes_gives_the_in_process_samples(
     tokenizer: Any,
 ) -> None:
-    """The README's process-mode line, through TextRollout and AgentGenerate."""
+    """The README's process-mode line, through TextRollout, next to the same rollout
+    served in-process."""
+    namespace: dict[str, Any] = {
+        "AgentGenerate": AgentGenerate,
+        "SessionServerConfig": SessionServerConfig,
+        "run_agent": agents.run_agent,
+    }
+    exec(readme_block("Agents: OpenAI chat through session URLs", 2), namespace)
+    in_process = AgentGenerate(agents.run_agent, sessions=SessionServerConfig(processes=0))
     got = []
-    for processes in (0, 1):
-        sessions = SessionServerConfig(processes=processes)
-        generate = AgentGenerate(agents.run_agent, sessions=sessions)
+    for generate in (namespace["generate"], in_process):
         async with (
             TextStandInEngine(
                 TextStandInConfig(policy=TextPolicy(rules=RULES)), tokenizer
@@ -527,7 +533,8 @@ async def test_an_agent_rollout_with_worker_processes_gives_the_in_process_sampl
             ) as rollout,
         ):
             result = await rollout.run([ADD])
-            assert len(generate.server.worker_pids()) == processes
+            workers = len(generate.server.worker_pids())
+            assert workers == generate.server.config.worker_count
             assert generate.server.session_ids() == []  # every session was closed
         for sample in result.samples:
             assert sample.status is SampleStatus.COMPLETED, sample.error
