@@ -23,6 +23,15 @@ class InFlight:
         """Count ``rid`` in flight for the duration of the ``with`` block."""
         return _Tracked(self._at, rid)
 
+    def add(self, rid: str) -> None:
+        """Count ``rid`` in flight until :meth:`discard` (what :meth:`track` does, without
+        a context manager object alive for the whole request: the send path's own)."""
+        self._at[rid] = None
+
+    def discard(self, rid: str) -> None:
+        """``rid`` is no longer in flight."""
+        self._at.pop(rid, None)
+
     def sent_to(self, rid: str, url: str) -> None:
         """``rid`` is being sent to the engine at ``url`` (a lease was taken)."""
         if rid in self._at:

@@ -164,30 +164,36 @@ class Send(Generic[R, T]):
         rid = self.rid
         router = self.router
         done = False
-        with self.scope.in_flight.track(rid):
+        # Counted in flight by hand, not in a `with` block: its manager and bound __exit__
+        # would be two more objects alive (and scanned by the collector) per request.
+        in_flight = self.scope.in_flight
+        in_flight.add(rid)
+        try:
+            response = await router.call(self, key=self.key)
+            done = True
+        except _Stopped:
+            done = True
+            return None
+        except EngineError as exc:
+            done = True
+            url = self.url
+            if (
+                self.abortable
+                and not exc.retryable
+                and url is not None
+                and not isinstance(exc, EngineStatusError)  # it answered: it is done
+            ):
+                self.aborted = "failed"
+                await router.abort_request(url, rid, timeout_s=self.abort_timeout_s)
+            raise
+        finally:
             try:
-                response = await router.call(self, key=self.key)
-                done = True
-            except _Stopped:
-                done = True
-                return None
-            except EngineError as exc:
-                done = True
-                url = self.url
-                if (
-                    self.abortable
-                    and not exc.retryable
-                    and url is not None
-                    and not isinstance(exc, EngineStatusError)  # it answered: it is done
-                ):
-                    self.aborted = "failed"
-                    await router.abort_request(url, rid, timeout_s=self.abort_timeout_s)
-                raise
-            finally:
                 if not done and self.abort_on_cancel and self.abortable and self.url is not None:
                     # The caller went away (cancelled): stop the generation at the engine.
                     self.aborted = "cancelled"
                     await router.abort_request(self.url, rid, timeout_s=self.abort_timeout_s)
+            finally:
+                in_flight.discard(rid)
         return self.finish(response)
 
     def marked(self, spans: tuple[WeightSpan, ...], cached_tokens: int) -> tuple[WeightSpan, ...]:

@@ -10,8 +10,9 @@ failures are translated in one place (:mod:`miles_lite.engine.http._errors`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -122,7 +123,7 @@ class EngineClient(AsyncResource):
         # ClosedResourceError.
         await self._transport.aclose()
 
-    async def post(
+    def post(
         self,
         url: str,
         path: str,
@@ -134,7 +135,7 @@ class EngineClient(AsyncResource):
         retry: bool = True,
         headers: Mapping[str, str] | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
-    ) -> RawResponse:
+    ) -> Coroutine[Any, Any, RawResponse]:
         """POST ``payload`` as JSON to ``url + path`` and return the 2xx answer unparsed.
 
         ``url`` is the engine's base URL (``http://host:port``), ``path`` the endpoint
@@ -166,8 +167,10 @@ class EngineClient(AsyncResource):
         (payload not JSON-serializable), and whatever ``into`` raises, unchanged. On
         cancellation the connection is closed and nothing is returned.
         """
+        # Not a coroutine itself: it encodes the body and hands back the call's coroutine
+        # (await it), one coroutine level less for every answer to wake.
         data = _json.dumps(payload)
-        return await self._call(
+        return self._call(
             "POST", url, path, data, request_id, into, timeout_s, retry, headers, on_chunk
         )
 
@@ -272,18 +275,44 @@ class EngineClient(AsyncResource):
             if not retry:
                 where = Attempt(method, url, path, request_id, timeouts, Progress())
                 return await self._exchange(Request(where, data, sent_headers), allocator, on_chunk)
-
-            async def attempt() -> RawResponse:
-                self._check_open(url=url, request_id=request_id)  # closed while backing off
-                where = Attempt(method, url, path, request_id, timeouts, Progress())
-                return await self._exchange(Request(where, data, sent_headers), allocator, on_chunk)
-
+            # A partial, not a closure: a nested function would make this call allocate a
+            # cell per variable it reads on every request, retried or not (GC-tracked
+            # objects that live as long as the request).
+            attempt = partial(
+                self._attempt,
+                method,
+                url,
+                path,
+                data,
+                request_id,
+                timeouts,
+                sent_headers,
+                allocator,
+                on_chunk,
+            )
             return await retry_call(
                 self._config.retry, attempt, rand=self._random.random, on_retry=self._on_retry
             )
         except Exception:
             self._failures += 1
             raise
+
+    async def _attempt(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        data: bytes | None,
+        request_id: str | None,
+        timeouts: Timeouts,
+        headers: dict[str, str] | None,
+        into: BodyAllocator,
+        on_chunk: Callable[[bytes], None] | None,
+    ) -> RawResponse:
+        """One attempt of a call its client retries (see :meth:`_call`)."""
+        self._check_open(url=url, request_id=request_id)  # closed while backing off
+        where = Attempt(method, url, path, request_id, timeouts, Progress())
+        return await self._exchange(Request(where, data, headers), into, on_chunk)
 
     def _on_retry(self, retry: int, error: Exception, delay_s: float) -> None:
         self._retries += 1
