@@ -17,6 +17,7 @@ object per token on the wire.
 from __future__ import annotations
 
 import itertools
+import logging
 import struct
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +33,8 @@ from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.types import WeightSpan
 
 __all__ = ["Link", "pack_record", "unpack_record"]
+
+_log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
 #: What one read of the link takes at most (bytes).
@@ -141,7 +144,10 @@ class Link:
                     scope = self._running[call] = anyio.CancelScope()
                     tg.start_soon(self._answer, requests, kind, call, args, scope)
                 else:
-                    notices(kind, args)
+                    try:
+                        notices(kind, args)
+                    except Exception:  # one bad notice must not end the link
+                        _log.exception("%s: a %r notice failed", self._peer, kind)
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
             self.lost = f"the link to {self._peer} closed"
         except anyio.ClosedResourceError:
