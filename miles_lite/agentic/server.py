@@ -70,6 +70,9 @@ __all__ = ["SessionServer"]
 
 _log = logging.getLogger(__name__)
 
+#: Bound on a worker's confirmation that it closed a session (seconds).
+_WORKER_CLOSE_S = 5.0
+
 
 class SessionServer(AsyncResource):
     """OpenAI chat and Anthropic Messages through session-scoped URLs (see the module
@@ -253,7 +256,15 @@ class SessionServer(AsyncResource):
         session.closed = True
         with anyio.CancelScope(shield=True):
             await self._sender.abort_turn(session)
+        with anyio.move_on_after(_WORKER_CLOSE_S, shield=True) as bound:
             await self._workers.close(session_id)
+        if bound.cancelled_caught:
+            _log.warning(
+                "session %s: its worker did not confirm the close within %s s; a record it"
+                " sent since may be missing",
+                session_id,
+                _WORKER_CLOSE_S,
+            )
         self._drop(session)
         return list(session.records)
 
