@@ -23,6 +23,13 @@ baseline in the same run:
   server in worker processes (``--chat-processes``, ``SessionServerConfig.processes``):
   the CPU column is still this (the rollout's) process's, the workers' own in
   ``worker_cpu_ms_per_turn``;
+- ``agents-out-procs@C`` / ``agents-out@C`` (``--agents-out-sessions``, default 256): the
+  light agents in a load child process, as a harness runs its agents outside the rollout's
+  process, against the session server in worker processes / in-process; this process
+  runs only the session server (and closes and assembles the sessions), so its loop lag
+  is what the library puts on the rollout's loop. ``-latency``: over the latency mock (a
+  saturated zero-latency engine makes any loop busy). The agents' own CPU and loop lag
+  are in ``agents_cpu_ms_per_turn`` / ``agents_lag_p99_ms``;
 - ``miles@C`` / ``miles-aiohttp@C`` (default run, or ``--miles-peer``): the same loads
   through miles' own session server and client-side sample assembly (``miles-rl`` 0.0.2 in
   a venv of its own, built by ``miles_peer/setup.sh``; its server runs in its own process);
@@ -69,6 +76,7 @@ from miles_lite.engine.http.client import EngineClient
 from miles_lite.engine.router import Router
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.contract import GenerateFnInput
+from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.text.single_turn import generate as single_turn
 from miles_lite.types import Sample, SampleStatus
 
@@ -88,6 +96,9 @@ class Measure:
     output_tokens: int
     cpu_s: float
     lags_ms: list[float] = field(default_factory=list)
+    #: The loop thread's CPU time in each tick (ms): the part of a tick's lag that is the
+    #: loop's own work, not a wait for a core.
+    tick_cpu_ms: list[float] = field(default_factory=list)
     peak_rss_mb: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -100,10 +111,7 @@ class Measure:
         return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def lag(self, q: float) -> float:
-        if not self.lags_ms:
-            return 0.0
-        ordered = sorted(self.lags_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return quantile(self.lags_ms, q)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -121,9 +129,18 @@ class Measure:
         }
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (0 when empty)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 @asynccontextmanager
 async def probe(mode: str, baseline: str) -> AsyncIterator[Measure]:
-    """Measure wall time, main-process CPU, loop lag (1 ms ticker) and peak RSS."""
+    """Measure wall time, main-process CPU, loop lag (1 ms ticker; the loop thread's CPU in
+    each tick) and peak RSS."""
     measure = Measure(mode, baseline, 0, 0.0, 0, 0.0)
     process = psutil.Process()
     done = anyio.Event()
@@ -131,9 +148,10 @@ async def probe(mode: str, baseline: str) -> AsyncIterator[Measure]:
     async def ticker() -> None:
         last_rss = time.monotonic()
         while not done.is_set():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             await anyio.sleep(0.001)
             measure.lags_ms.append(max(0.0, (time.perf_counter() - t0 - 0.001) * 1000))
+            measure.tick_cpu_ms.append((time.thread_time() - c0) * 1000)
             if time.monotonic() - last_rss > 0.05:
                 measure.peak_rss_mb = max(measure.peak_rss_mb, process.memory_info().rss / 2**20)
                 last_rss = time.monotonic()
@@ -314,6 +332,117 @@ class ChatRun:
     direct_latencies: list[float]
 
 
+class ServedSessions:
+    """A session server in front of the mock for one chat mode: opens and closes the
+    agents' sessions, assembles each closed session's records into samples (as
+    ``AgentGenerate`` does, on the rollout's loop) and keeps the records, checked against
+    the mock's ground truth by :meth:`check` once the measurement is over."""
+
+    def __init__(self, server: Any, run: RunContext, turns: int, max_tokens: int) -> None:
+        self.server = server
+        self._run = run
+        self._turns = turns
+        self._max_tokens = max_tokens
+        self._ids: dict[str, str] = {}
+        self._records: list[list[TurnRecord]] = []
+        self.assembly_s = 0.0
+        self.assembled = 0
+        self.mismatches = 0
+
+    async def open_one(self) -> tuple[str, str]:
+        """Open a session: its base URL and API key."""
+        session = await self.server.open_session(self._run)
+        self._ids[session.api_key] = session.id
+        return session.base_url, session.api_key
+
+    async def close_one(self, key: str) -> None:
+        """Close the session of API key ``key`` and assemble its samples."""
+        from miles_lite.agentic.assembly import assemble_samples
+
+        records = await self.server.close_session(self._ids[key])
+        t0 = time.perf_counter()
+        assembly = assemble_samples(records, Sample(prompt=""))
+        self.assembly_s += time.perf_counter() - t0
+        self.assembled += len(records)
+        self.mismatches += assembly.mismatches
+        for sample in assembly.samples:
+            sample.validate()
+        self._records.append(records)
+
+    async def warm_up(self) -> None:
+        """Two sessions of two turns a worker (or two in-process), not recorded here: a
+        worker's first turns load what it loads lazily, once per process in a training
+        run."""
+
+        async def close(key: str) -> None:
+            await self.server.close_session(self._ids.pop(key))
+
+        workers = max(len(self.server.worker_pids()), 1)
+        await chat_turns(self.open_one, close, "aiohttp", 2 * workers, 2, self._max_tokens, "", [])
+
+    def check(self, sessions: int) -> None:
+        """Every session closed with exactly one record a turn, each record's ids and
+        log-probs the mock's ground truth."""
+        want_ids = output_ids(self._max_tokens)
+        want_lp = [output_log_prob(i) for i in range(self._max_tokens)]
+        if len(self._records) != sessions:
+            raise AssertionError(f"{len(self._records)} sessions closed, not {sessions}")
+        for records in self._records:
+            if len(records) != self._turns:
+                raise AssertionError(f"a session has {len(records)} records, not {self._turns}")
+            for r in records:
+                if r.output_ids != want_ids or r.output_log_probs != want_lp:
+                    raise AssertionError(f"record {r.rid}: ids or log-probs differ from the mock's")
+
+    def note(self, layer: Measure) -> None:
+        """The assembly's figures in ``layer``'s notes."""
+        layer.extra["assembly_ms_per_turn"] = 1000 * self.assembly_s / max(self.assembled, 1)
+        layer.extra["tito_mismatches"] = float(self.mismatches)
+
+
+@asynccontextmanager
+async def served_sessions(
+    url: str,
+    sessions: int,
+    turns: int,
+    max_tokens: int,
+    tokenizer: Any,
+    processes: int | Literal["auto"],
+) -> AsyncIterator[ServedSessions]:
+    """A session server (in-process, or in ``processes`` worker processes) on the mock at
+    ``url``, routing up to ``sessions`` turns at once."""
+    from miles_lite.agentic.config import SessionServerConfig
+    from miles_lite.agentic.server import SessionServer
+    from miles_lite.text.context import TextContext
+
+    router_config = RouterConfig(max_inflight_per_engine=max(sessions, 1))
+    async with (
+        EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as engine_client,
+        Router([url], engine_client, router_config) as router,
+    ):
+        context = TextContext(tokenizer, router, TextSamplingParams(max_new_tokens=max_tokens))
+        config = SessionServerConfig(processes=processes)
+        async with SessionServer(context, config) as server:
+            yield ServedSessions(server, RunContext(0), turns, max_tokens)
+
+
+class WorkerCPU:
+    """The session server's worker processes' CPU since it was made."""
+
+    def __init__(self, server: Any) -> None:
+        self._workers = [psutil.Process(pid) for pid in server.worker_pids()]
+        self._cpu0 = self._cpu()
+
+    def _cpu(self) -> float:
+        return sum(sum(w.cpu_times()[:2]) for w in self._workers)
+
+    def note(self, layer: Measure) -> None:
+        """The workers' CPU per turn in ``layer``'s notes (none in-process)."""
+        if self._workers:
+            worker_cpu = self._cpu() - self._cpu0
+            layer.extra["worker_cpu_ms_per_turn"] = 1000 * worker_cpu / max(layer.requests, 1)
+
+
 async def run_chat(
     url: str,
     sessions: int,
@@ -324,11 +453,6 @@ async def run_chat(
     client: str = "openai",
     processes: int | Literal["auto"] = 0,
 ) -> ChatRun:
-    from miles_lite.agentic.assembly import assemble_samples
-    from miles_lite.agentic.config import SessionServerConfig
-    from miles_lite.agentic.server import SessionServer
-    from miles_lite.text.context import TextContext
-
     async def direct() -> tuple[str, str]:
         return f"{url}/v1", "none"
 
@@ -348,56 +472,121 @@ async def run_chat(
         direct_latencies,
     )
     latencies: list[float] = []
-    assembly_s = 0.0
-    assembled = 0
-    mismatches = 0
-    router_config = RouterConfig(max_inflight_per_engine=max(sessions, 1))
-    async with (
-        EngineClient(EngineClientConfig(retry=RetryPolicy(max_attempts=1))) as engine_client,
-        Router([url], engine_client, router_config) as router,
-    ):
-        context = TextContext(tokenizer, router, TextSamplingParams(max_new_tokens=max_tokens))
-        run = RunContext(0)
-        config = SessionServerConfig(processes=processes)
-        async with SessionServer(context, config) as server:
-            ids: dict[str, str] = {}
-
-            async def open_one() -> tuple[str, str]:
-                session = await server.open_session(run)
-                ids[session.api_key] = session.id
-                return session.base_url, session.api_key
-
-            async def close_one(key: str) -> None:
-                nonlocal assembly_s, assembled, mismatches
-                records = await server.close_session(ids[key])
-                t0 = time.perf_counter()
-                assembly = assemble_samples(records, Sample(prompt=""))
-                assembly_s += time.perf_counter() - t0
-                assembled += len(records)
-                mismatches += assembly.mismatches
-                for sample in assembly.samples:
-                    sample.validate()
-
-            workers = [psutil.Process(pid) for pid in server.worker_pids()]
-            worker_cpu0 = sum(sum(w.cpu_times()[:2]) for w in workers)
-            layer = await chat_turns(
-                open_one,
-                close_one,
-                client,
-                sessions,
-                turns,
-                max_tokens,
-                f"{mode}@{sessions}",
-                latencies,
-            )
-            if workers:
-                worker_cpu = sum(sum(w.cpu_times()[:2]) for w in workers) - worker_cpu0
-                layer.extra["worker_cpu_ms_per_turn"] = 1000 * worker_cpu / max(layer.requests, 1)
+    async with served_sessions(url, sessions, turns, max_tokens, tokenizer, processes) as served:
+        workers = WorkerCPU(served.server)
+        layer = await chat_turns(
+            served.open_one,
+            served.close_one,
+            client,
+            sessions,
+            turns,
+            max_tokens,
+            f"{mode}@{sessions}",
+            latencies,
+        )
+        workers.note(layer)
+    served.check(sessions)
+    served.note(layer)
     layer.baseline = bare.mode
     layer.extra["throughput_vs_direct"] = layer.rps / bare.rps
-    layer.extra["assembly_ms_per_turn"] = 1000 * assembly_s / max(assembled, 1)
-    layer.extra["tito_mismatches"] = float(mismatches)
     return ChatRun(layer, bare, latencies, direct_latencies)
+
+
+#: The load child's answer lines can hold every turn's latency (bytes).
+_CHILD_LINE_BYTES = 1 << 24
+
+
+async def run_agents_out(
+    url: str,
+    sessions: int,
+    turns: int,
+    max_tokens: int,
+    tokenizer: Any,
+    mode: str,
+    processes: int | Literal["auto"],
+) -> Measure:
+    """``sessions`` light aiohttp agents (:func:`chat_turns`) run by a load child process
+    (a fresh interpreter: :func:`serve_agents`), as a harness runs its agents outside the
+    rollout's process; this process runs the session server and measures its own loop.
+
+    The child says ``ready`` once its imports are done; the measurement then opens every
+    session here, hands their URLs and keys to the child (one line), and closes each one
+    (assembling its samples) when the child says its agent is done, as ``AgentGenerate``
+    does. The CPU and loop-lag columns are this (the rollout's) process's; the agents'
+    own are in ``agents_cpu_ms_per_turn`` / ``agents_lag_p99_ms``."""
+    from anyio.streams.buffered import BufferedByteReceiveStream
+
+    command = [sys.executable, str(HERE / "text_layer.py"), "--serve-agents"]
+    command += ["--chat-turns", str(turns), "--chat-tokens", str(max_tokens)]
+    async with (
+        served_sessions(url, sessions, turns, max_tokens, tokenizer, processes) as served,
+        await anyio.open_process(command, stderr=None) as child,
+    ):
+        if child.stdin is None or child.stdout is None:
+            raise RuntimeError("the agents' load child has no pipes")
+        lines = BufferedByteReceiveStream(child.stdout)
+
+        async def line() -> str:
+            return (await lines.receive_until(b"\n", _CHILD_LINE_BYTES)).decode()
+
+        if await line() != "ready":
+            raise RuntimeError("the agents' load child did not start")
+        await served.warm_up()
+        workers = WorkerCPU(served.server)
+        async with probe(f"{mode}@{sessions}", "") as m, anyio.create_task_group() as tg:
+            opened: list[tuple[str, str]] = []
+
+            async def open_one() -> None:
+                opened.append(await served.open_one())
+
+            async with anyio.create_task_group() as opening:
+                for _ in range(sessions):
+                    opening.start_soon(open_one)
+            await child.stdin.send(json.dumps(opened).encode() + b"\n")
+            while (said := await line()).startswith("done "):
+                tg.start_soon(served.close_one, said.removeprefix("done "))
+        m.requests = json.loads(said)["requests"]
+        workers.note(m)
+    result = json.loads(said)
+    m.output_tokens = result["output_tokens"]
+    m.extra["agents_cpu_ms_per_turn"] = 1000 * result["cpu_s"] / max(m.requests, 1)
+    m.extra["agents_lag_p99_ms"] = result["lag_p99_ms"]
+    m.extra["tick_cpu_p99_ms"] = quantile(m.tick_cpu_ms, 0.99)
+    m.extra["turn_p50_ms"] = 1000 * quantile(result["latencies_s"], 0.5)
+    if m.requests != sessions * turns:
+        raise AssertionError(f"{m.requests} turns answered, not {sessions * turns}")
+    served.check(sessions)
+    served.note(m)
+    return m
+
+
+async def serve_agents(turns: int, max_tokens: int) -> None:
+    """The load child of :func:`run_agents_out`: says ``ready``, reads one line (the
+    sessions' ``[base_url, api_key]`` pairs), runs one light aiohttp agent a session
+    (:func:`chat_turns`), says ``done <key>`` as each ends, then one JSON line: turns,
+    output tokens, CPU seconds, turn latencies, its own loop's lag p99."""
+    print("ready", flush=True)
+    pairs = json.loads(await anyio.to_thread.run_sync(sys.stdin.readline))
+    todo = [tuple(pair) for pair in reversed(pairs)]
+
+    async def next_session() -> tuple[str, str]:
+        return todo.pop()
+
+    async def done(key: str) -> None:
+        print(f"done {key}", flush=True)
+
+    latencies: list[float] = []
+    m = await chat_turns(
+        next_session, done, "aiohttp", len(pairs), turns, max_tokens, "agents", latencies
+    )
+    result = {
+        "requests": m.requests,
+        "output_tokens": m.output_tokens,
+        "cpu_s": m.cpu_s,
+        "latencies_s": latencies,
+        "lag_p99_ms": m.lag(0.99),
+    }
+    print(json.dumps(result), flush=True)
 
 
 def add_latency(m: Measure, latencies: list[float], service_s: float) -> None:
@@ -521,6 +710,35 @@ async def run_stop(url: str, inflight: int, n: int, tokenizer: Any) -> Measure:
     return m
 
 
+async def run_agents_out_rows(
+    args: argparse.Namespace, zero_url: str, slow_url: str, tokenizer: Any
+) -> list[Measure]:
+    """The agents in a load child (:func:`run_agents_out`), against the session server in
+    worker processes (``agents-out-procs``; unless ``--chat-processes 0``) and in-process
+    (``agents-out``), on the zero-latency mock and on the latency mock (``-latency``: a
+    saturated zero-latency engine makes any loop busy)."""
+    out: list[Measure] = []
+    setups = [("agents-out", 0)]
+    if args.chat_processes != "0":
+        setups.insert(0, ("agents-out-procs", _processes(args.chat_processes)))
+    for sessions in args.agents_out_sessions:
+        for engine, suffix in ((zero_url, ""), (slow_url, "-latency")):
+            for name, processes in setups:
+                mode = f"{name}{suffix}"
+                out.append(
+                    await run_agents_out(
+                        engine,
+                        sessions,
+                        args.chat_turns,
+                        args.chat_tokens,
+                        tokenizer,
+                        mode,
+                        processes,
+                    )
+                )
+    return out
+
+
 async def run_all(
     args: argparse.Namespace, zero_url: str, slow_url: str, slow_chat_url: str
 ) -> list[Measure]:
@@ -532,6 +750,9 @@ async def run_all(
     # Both the layer and its baselines run in this process, under the same setting.
     gc.freeze()
     out: list[Measure] = []
+    if args.agents_out_only:
+        await run_chat(zero_url, 2, 2, args.chat_tokens, tokenizer, client="aiohttp")
+        return await run_agents_out_rows(args, zero_url, slow_url, tokenizer)
     async with aiohttp.ClientSession() as http:
         for c in args.concurrency:
             requests = max(args.requests, c * 2)
@@ -610,6 +831,7 @@ async def run_all(
                     processes=_processes(args.chat_processes),
                 )
                 out += [chat.layer, chat.direct]
+        out += await run_agents_out_rows(args, zero_url, slow_url, tokenizer)
         if args.miles_peer:
             peers = await run_miles_peer(args, zero_url)
             for layer, peer in zip(chats, peers, strict=True):
@@ -697,6 +919,19 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes of the session server for the chat-aiohttp-procs rows"
         " (SessionServerConfig.processes: a count or 'auto'; 0 skips those rows)",
     )
+    parser.add_argument(
+        "--agents-out-sessions",
+        type=int,
+        nargs="+",
+        default=[256],
+        help="agents in flight for the agents-out rows (agents in a load child process)",
+    )
+    parser.add_argument(
+        "--agents-out-only",
+        action="store_true",
+        help="run only the agents-out rows (after a warm-up)",
+    )
+    parser.add_argument("--serve-agents", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--turn-sweep", type=int, nargs="+", default=[4, 32, 128])
     parser.add_argument("--stop-inflight", type=int, default=512)
     parser.add_argument("--stop-tokens", type=int, default=2000)
@@ -724,6 +959,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     args = parser.parse_args(argv)
+    if args.serve_agents:  # the load child of the agents-out rows
+        run_sync(serve_agents, args.chat_turns, args.chat_tokens)
+        return 0
     if args.miles_peer is None:
         args.miles_peer = not args.quick
     if args.png is None:
@@ -735,6 +973,7 @@ def main(argv: list[str] | None = None) -> int:
         args.chat_turns = 4
         args.turn_sweep = [4, 32]
         args.stop_inflight = 128
+        args.agents_out_sessions = [64]
     with (
         MockProcess(0.0, args.chat_tokens) as zero_url,
         MockProcess(args.token_latency_ms / 1000, args.chat_tokens) as slow_url,

@@ -123,6 +123,10 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
         "2",
         "--turn-sweep",
         "4",
+        "--agents-out-sessions",
+        "2",
+        "--chat-processes",
+        "1",
         "--stop-inflight",
         "16",
         "--png",
@@ -145,7 +149,12 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
         "openai-direct-latency@8",
         "turns@4",
         "stop@16",
+        "agents-out@2",
+        "agents-out-procs-latency@2",
     } <= set(modes)
+    # The agents in their own process: every turn answered and recorded once (checked in
+    # the run), the workers' CPU counted apart from the rollout's.
+    assert modes["agents-out-procs-latency@2"]["worker_cpu_ms_per_turn"] > 0
     assert modes["chat-latency@8"]["added_latency_p50_ms"] >= 0
     assert (
         modes["generate@8"]["served_twice"] == 0 and modes["generate@8"]["throughput_vs_bare"] > 0
