@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import cache
 
 from miles_lite.errors import JournalError
 from miles_lite.training._schema import journal_error
@@ -226,8 +227,8 @@ class Writer:
 
 
 def _apply_in_order(conn: sqlite3.Connection, batch: list[Write]) -> None:
-    """Apply ``batch`` in its order, each run of consecutive sample rows as one
-    ``executemany``."""
+    """Apply ``batch`` in its order, each run of consecutive sample rows inserted together
+    (:func:`_insert_rows`)."""
     rows: list[SampleRow] = []
     for write in batch:
         apply = write.apply
@@ -236,11 +237,34 @@ def _apply_in_order(conn: sqlite3.Connection, batch: list[Write]) -> None:
                 rows.append(write.row)
             continue
         if rows:
-            conn.executemany(SAMPLE_INSERT, rows)
+            _insert_rows(conn, rows)
             rows = []
         apply(conn)
     if rows:
-        conn.executemany(SAMPLE_INSERT, rows)
+        _insert_rows(conn, rows)
+
+
+#: Sample rows inserted by one statement at most (5 values a row: within SQLite's 999
+#: variables of versions before 3.32).
+_ROWS_PER_INSERT = 64
+
+
+@cache
+def _multi_insert(n: int) -> str:
+    """An ``INSERT OR REPLACE`` of ``n`` sample rows (one statement text per count, so
+    SQLite's statement cache keeps them)."""
+    return SAMPLE_INSERT + ", (?, ?, ?, ?, ?)" * (n - 1)
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: list[SampleRow]) -> None:
+    """Insert ``rows`` in order, up to :data:`_ROWS_PER_INSERT` a statement: the sqlite3
+    module lets go of the GIL around each statement it steps, and this thread taking it
+    back makes the event loop's thread wait for it (two thread switches); one statement
+    for many rows is one such wait, not one a sample. Rows of one statement apply in
+    order: a later row of a place and attempt replaces an earlier one."""
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        conn.execute(_multi_insert(len(chunk)), [value for row in chunk for value in row])
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -1,5 +1,5 @@
 """Sample records go to the writer as rows (no closure each) and are inserted in runs of
-consecutive rows: the order they were queued in still decides which record of a place
+consecutive rows (up to 64 a statement): the order they were queued in still decides which record of a place
 and attempt is kept, and every record queued before a flush is in the file after it."""
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def made(tokens: list[int], status: SampleStatus) -> Sample:
 async def test_a_call_record_queued_after_its_progress_replaces_it(tmp_path: Path) -> None:
     path = tmp_path / "run.db"
     async with Journal(path) as journal:
-        groups = [[Sample(index=j, prompt=f"p{g}", seed=g + j) for j in range(2)] for g in range(3)]
+        groups = [
+            [Sample(index=j, prompt=f"p{g}", seed=g + j) for j in range(2)] for g in range(40)
+        ]
         gids = journal.give(groups, rollout_id=0)
         for gid in gids:  # queued back to back, without an await: one batch or several
             attempt = journal.next_attempt()
@@ -42,11 +44,11 @@ async def test_a_call_record_queued_after_its_progress_replaces_it(tmp_path: Pat
             )
         await journal.flush()
         stats = journal.statistics()
-    assert stats.samples == 6  # progress records are not counted as samples written
+    assert stats.samples == 80  # progress records are not counted as samples written
     rows = await anyio.to_thread.run_sync(_sample_rows, path)
     assert rows == [(g, s, st) for g in gids for s, st in ((0, "completed"), (1, "truncated"))]
     state = await anyio.to_thread.run_sync(read_resume, path)
-    assert [[s.tokens for s in g] for g in state.pending] == [[[1, 2, 3], [4, 5]]] * 3
+    assert [[s.tokens for s in g] for g in state.pending] == [[[1, 2, 3], [4, 5]]] * 40
 
 
 def _sample_rows(path: Path) -> list[tuple[int, int, str]]:
