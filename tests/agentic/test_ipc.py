@@ -25,10 +25,20 @@ class Other:
     def __init__(self) -> None:
         self.notices: list[tuple[str, list[Any]]] = []
         self.cancelled = anyio.Event()
+        #: Loop steps counted by :meth:`count_steps` (``step`` answers the count).
+        self.steps = 0
+
+    async def count_steps(self) -> None:
+        """Count the loop's steps: one a pass through the loop's ready tasks."""
+        while True:
+            await anyio.lowlevel.checkpoint()
+            self.steps += 1
 
     async def requests(self, kind: str, args: list[Any]) -> Any:
         if kind == "echo":
             return args
+        if kind == "step":
+            return self.steps
         if kind == "sleep":
             try:
                 await anyio.sleep_forever()
@@ -83,6 +93,25 @@ async def test_replies_failures_and_notices_in_order() -> None:
         await asker.flushed()
         await asker.call("echo")  # after every notice sent before it
         assert [args[0] for _, args in other.notices] == list(range(50))
+
+
+async def test_a_burst_of_requests_is_started_a_few_a_loop_step() -> None:
+    # 40 calls queued in one step go out in one write and arrive in one read; the reader
+    # starts a few, then lets the loop's other tasks run, so the burst's work is spread
+    # over loop steps (all 40 in one step without the bound).
+    async with linked() as (asker, other, _), anyio.create_task_group() as tg:
+        tg.start_soon(other.count_steps)
+        answers: list[int] = []
+
+        async def ask() -> None:
+            answers.append(await asker.call("step"))
+
+        async with anyio.create_task_group() as burst:
+            for _ in range(40):
+                burst.start_soon(ask)
+        tg.cancel_scope.cancel()
+    assert len(answers) == 40
+    assert len(set(answers)) >= 8
 
 
 async def test_a_cancelled_call_cancels_its_work_on_the_other_side() -> None:
