@@ -122,7 +122,8 @@ async def serve(
     url: str, tokenizer: Any, inflight: int, tokens: int, **config: Any
 ) -> AsyncIterator[Served]:
     """Engine client, router and a session server over ``url`` (``config``:
-    SessionServerConfig fields)."""
+    SessionServerConfig fields), served in this process (``processes=0``) unless
+    ``config`` says otherwise: the figures count this process's CPU and memory."""
     settings = engines(inflight)
     async with (
         EngineClient(settings.client) as client,
@@ -131,7 +132,8 @@ async def serve(
         context = TextContext(
             tokenizer, router, TextSamplingParams(max_new_tokens=tokens), vocab_size=len(tokenizer)
         )
-        async with SessionServer(context, SessionServerConfig(**config)) as server:
+        server_config = SessionServerConfig(**{"processes": 0, **config})
+        async with SessionServer(context, server_config) as server:
             yield Served(server)
 
 

@@ -124,7 +124,16 @@ def test_the_text_agent_and_picture_snippets_run_and_do_what_they_say(
             namespace["URLS"] = [engine.url]
             await run(text, namespace)
             namespace["SECOND"] = namespace["result"]
-            await run_as_script(block("Agents: OpenAI chat through session URLs"), namespace)
+            # Served in this process: the default (worker processes) runs the same agent
+            # next to it in tests/agentic/test_server_modes.py, samples compared.
+            agents = pointed(
+                block("Agents: OpenAI chat through session URLs"),
+                **{
+                    "generate=AgentGenerate(": "generate=AgentGenerate(run_agent,"
+                    " sessions=SessionServerConfig(idle_ttl_s=300, processes=0)),"
+                },
+            )
+            await run_as_script(agents, namespace)
 
     asyncio.run(main())
     first, second = namespace["FIRST"], namespace["SECOND"]

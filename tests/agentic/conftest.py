@@ -18,6 +18,7 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import ADD_TOOLS, TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextContext
+from tests.support.sessions import IN_PROCESS
 from tests.support.text_rules import TOOL_RULES
 
 from .agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
@@ -51,7 +52,8 @@ OpenStack = Callable[..., AbstractAsyncContextManager[Stack]]
 def stack(tokenizer: Any) -> OpenStack:
     """``async with stack(engines=1, engine_config=..., server_config=...) as s``
     (``tokenizer=``: another tokenizer or chat template for engines and server;
-    ``before``: URLs of other engines, first in the router's list)."""
+    ``before``: URLs of other engines, first in the router's list). The server is served
+    in the test's process unless ``server_config`` says otherwise (:data:`IN_PROCESS`)."""
 
     @asynccontextmanager
     async def open_stack(
@@ -86,7 +88,7 @@ def stack(tokenizer: Any) -> OpenStack:
                     TextSamplingParams(max_new_tokens=max_new_tokens),
                     vocab_size=len(tokenizer),
                 )
-                async with SessionServer(context, server_config) as server:
+                async with SessionServer(context, server_config or IN_PROCESS) as server:
                     yield Stack(engines=opened, router=router, run=RunContext(0), server=server)
         finally:
             for engine in opened:

@@ -22,6 +22,7 @@ from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPoli
 from miles_lite.errors import AgentError, ConfigError, RewardError
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.types import SampleStatus
+from tests.support.sessions import IN_PROCESS
 
 pytestmark = pytest.mark.anyio
 
@@ -86,7 +87,7 @@ def sync_slow_agent(base_url: str, prompt: Any, request_kwargs: dict[str, Any]) 
 async def test_an_agent_past_its_time_budget_fails_typed_and_its_turn_is_aborted(
     tokenizer: Any, agent: Any
 ) -> None:
-    generate = AgentGenerate(agent, timeout_s=0.5)
+    generate = AgentGenerate(agent, sessions=IN_PROCESS, timeout_s=0.5)
     async with agent_rollout(tokenizer, generate, SLOW, LONG) as (rollout, engine):
         with anyio.fail_after(20):  # a guard against the hang this fixes, not a timing
             result = await rollout.run([PROMPT])
@@ -138,7 +139,7 @@ async def test_a_reward_the_pools_would_refuse_fails_the_agents_sample(
 ) -> None:
     short = TextStandInConfig(policy=TextPolicy(default_length=4))
     sampling = TextSamplingParams(max_new_tokens=4)
-    generate = AgentGenerate(returning(value))
+    generate = AgentGenerate(returning(value), sessions=IN_PROCESS)
     async with agent_rollout(tokenizer, generate, short, sampling) as (rollout, _):
         result = await rollout.run([PROMPT])
     (sample,) = result.samples
@@ -152,7 +153,7 @@ async def test_a_reward_the_pools_would_refuse_fails_the_agents_sample(
 @pytest.mark.parametrize("value", [1.0, 0, {"acc": 1.0, "len": 3}])
 async def test_a_finite_reward_is_kept(tokenizer: Any, value: Any) -> None:
     short = TextStandInConfig(policy=TextPolicy(default_length=4))
-    generate = AgentGenerate(returning(value))
+    generate = AgentGenerate(returning(value), sessions=IN_PROCESS)
     async with agent_rollout(tokenizer, generate, short, TextSamplingParams(max_new_tokens=16)) as (
         rollout,
         _,

@@ -19,6 +19,7 @@ from miles_lite.sglang.control import PauseMode
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.types import SampleStatus, WeightSpan
 from tests.support.polling import wait_until
+from tests.support.sessions import IN_PROCESS
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +55,7 @@ async def test_a_merged_agent_sample_carries_spans_and_kv_marks_across_an_update
             client=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
         ),
     )
-    generate = AgentGenerate(two_turns)
+    generate = AgentGenerate(two_turns, sessions=IN_PROCESS)
     async with (
         TextStandInEngine(SLOW, tokenizer) as engine,
         TextRollout.open(

@@ -21,6 +21,7 @@ from miles_lite.sglang.sampling import chat_request_kwargs
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextContext
 from miles_lite.types import Sample, SampleStatus
+from tests.support.sessions import IN_PROCESS
 
 from . import agents, agents_plain
 from .conftest import RULES
@@ -71,7 +72,7 @@ def agentic(tokenizer: Any) -> Open:
 async def test_agent_samples_are_merged_trajectories_with_the_agents_reward(
     agentic: Open,
 ) -> None:
-    async with agentic(AgentGenerate(agents.run_agent)) as (rollout, engine):
+    async with agentic(AgentGenerate(agents.run_agent, sessions=IN_PROCESS)) as (rollout, engine):
         result = await rollout.run([ADD, ADD])
     assert len(result.samples) == 2
     for sample in result.samples:
@@ -95,7 +96,7 @@ async def test_agent_samples_are_merged_trajectories_with_the_agents_reward(
 
 
 async def test_a_plain_agent_without_a_reward_gets_none(agentic: Open, tokenizer: Any) -> None:
-    generate = AgentGenerate(agents_plain.run_agent)
+    generate = AgentGenerate(agents_plain.run_agent, sessions=IN_PROCESS)
     async with agentic(generate) as (rollout, _):
         result = await rollout.run(["What is 2+3?"])
     (sample,) = result.samples
@@ -106,7 +107,8 @@ async def test_a_plain_agent_without_a_reward_gets_none(agentic: Open, tokenizer
 
 
 async def test_an_agent_that_raises_fails_its_sample_with_the_traceback(agentic: Open) -> None:
-    async with agentic(AgentGenerate(agents_plain.failing_agent)) as (rollout, _):
+    generate = AgentGenerate(agents_plain.failing_agent, sessions=IN_PROCESS)
+    async with agentic(generate) as (rollout, _):
         result = await rollout.run([ADD])
     (sample,) = result.samples
     assert sample.status is SampleStatus.FAILED
@@ -122,7 +124,7 @@ async def test_early_stop_calls_the_abort_hook_exactly_once(agentic: Open) -> No
         policy=TextPolicy(rules=RULES, default_length=300), token_latency_s=0.01
     )
     async with agentic(
-        AgentGenerate(agents.run_agent),
+        AgentGenerate(agents.run_agent, sessions=IN_PROCESS),
         engine_config=slow,
         sampling=TextSamplingParams(max_new_tokens=300),
         rollout_batch_size=1,
@@ -197,7 +199,8 @@ def test_sglang_extras_go_under_extra_body() -> None:
 
 
 async def test_an_engine_error_fails_that_sample_and_the_others_go_on(agentic: Open) -> None:
-    async with agentic(AgentGenerate(agents_plain.picky_agent)) as (rollout, _):
+    generate = AgentGenerate(agents_plain.picky_agent, sessions=IN_PROCESS)
+    async with agentic(generate) as (rollout, _):
         result = await rollout.run(["a bad one", "a good one"])
     bad, good = result.samples
     assert bad.status is SampleStatus.FAILED and isinstance(bad.error, AgentError)
@@ -208,7 +211,7 @@ async def test_an_engine_error_fails_that_sample_and_the_others_go_on(agentic: O
 
 async def test_a_sync_agent_runs_in_a_thread_and_a_sync_hook_too(agentic: Open) -> None:
     calls: list[Any] = []
-    generate = AgentGenerate(agents_plain.sync_agent, abort_hook=calls.append)
+    generate = AgentGenerate(agents_plain.sync_agent, sessions=IN_PROCESS, abort_hook=calls.append)
     async with agentic(generate) as (rollout, _):
         result = await rollout.run(["What is 2+3?"])
         (sample,) = result.samples
@@ -219,7 +222,8 @@ async def test_a_sync_agent_runs_in_a_thread_and_a_sync_hook_too(agentic: Open) 
 async def test_a_dropped_think_block_keeps_one_trajectory_with_token_in(agentic: Open) -> None:
     # Qwen3's template drops a past turn's think block; token in sends the trajectory's
     # own ids, so the engine sees what the model wrote and the session stays one sample.
-    async with agentic(AgentGenerate(agents_plain.two_user_turns)) as (rollout, _):
+    generate = AgentGenerate(agents_plain.two_user_turns, sessions=IN_PROCESS)
+    async with agentic(generate) as (rollout, _):
         result = await rollout.run(["Think first", "Say hi"])
     assert len(result.samples) == 2
     assert all(s.session is not None and s.session.tito_mismatches == 0 for s in result.samples)
@@ -231,7 +235,7 @@ async def test_a_dropped_think_block_keeps_one_trajectory_with_token_in(agentic:
 
 async def test_without_token_in_a_dropped_think_block_splits_and_is_counted(agentic: Open) -> None:
     generate = AgentGenerate(
-        agents_plain.two_user_turns, sessions=SessionServerConfig(token_in=False)
+        agents_plain.two_user_turns, sessions=SessionServerConfig(processes=0, token_in=False)
     )
     async with agentic(generate) as (rollout, _):
         result = await rollout.run(["Think first", "Say hi"])
@@ -249,7 +253,7 @@ async def test_without_an_agent_reward_the_reward_pool_scores_the_samples(agenti
     from miles_lite.rewards.text_rewards import math_reward
     from miles_lite.rollout.groups import PromptGroup
 
-    generate = AgentGenerate(agents_plain.run_agent)
+    generate = AgentGenerate(agents_plain.run_agent, sessions=IN_PROCESS)
     async with agentic(generate, reward="math", rewards={"math": math_reward}) as (rollout, _):
         result = await rollout.run(
             [PromptGroup(prompt="Box it", label="5"), PromptGroup(prompt="Box it", label="6")]

@@ -21,6 +21,7 @@ from miles_lite.errors import SamplingParamsError
 from miles_lite.sglang.sampling import SAMPLING_KEYS, chat_sampling
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.types import SampleStatus
+from tests.support.sessions import IN_PROCESS
 
 from .conftest import RULES
 
@@ -118,7 +119,7 @@ async def agent_rollout(
                     client=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
                 ),
             ),
-            generate=AgentGenerate(agent),
+            generate=AgentGenerate(agent, sessions=IN_PROCESS),
         ) as rollout,
     ):
         yield rollout, engine

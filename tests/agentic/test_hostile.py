@@ -136,7 +136,7 @@ async def test_a_turn_waiting_for_an_engine_slot_at_the_stop_is_never_sent(
 async def test_a_timed_out_turn_is_aborted_at_its_engine(
     stack: OpenStack, clients: Clients
 ) -> None:
-    config = SessionServerConfig(engine_timeout_s=0.3)
+    config = SessionServerConfig(processes=0, engine_timeout_s=0.3)
     async with stack(engine_config=SLOW, server_config=config, max_new_tokens=500) as s:
         session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
@@ -229,7 +229,7 @@ async def test_json_that_nests_too_deep_or_holds_nan_is_answered_not_crashed(
 async def test_a_server_other_hosts_can_reach_takes_session_keys_only(
     stack: OpenStack, clients: Clients, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = SessionServerConfig(host="0.0.0.0")
+    config = SessionServerConfig(processes=0, host="0.0.0.0")
     with caplog.at_level(logging.WARNING, logger="miles_lite.agentic.server"):
         async with stack(server_config=config) as s, aiohttp.ClientSession() as http:
             session = await s.server.open_session(s.run)
@@ -246,7 +246,7 @@ async def test_a_server_other_hosts_can_reach_takes_session_keys_only(
 async def test_slow_clients_are_cut_off_and_do_not_hold_their_session(
     stack: OpenStack, clients: Clients
 ) -> None:
-    config = SessionServerConfig(header_timeout_s=0.5, body_timeout_s=0.5)
+    config = SessionServerConfig(processes=0, header_timeout_s=0.5, body_timeout_s=0.5)
     async with stack(server_config=config) as s:
         session = await s.server.open_session(s.run)
         host, port = s.server.url.removeprefix("http://").split(":")
@@ -302,7 +302,7 @@ async def test_slow_clients_are_cut_off_and_do_not_hold_their_session(
 async def test_the_real_turn_is_served_while_a_slow_body_trickles_in(
     stack: OpenStack, clients: Clients
 ) -> None:
-    config = SessionServerConfig(body_timeout_s=2.0)
+    config = SessionServerConfig(processes=0, body_timeout_s=2.0)
     async with stack(server_config=config) as s:
         session = await s.server.open_session(s.run)
         host, port = s.server.url.removeprefix("http://").split(":")
@@ -325,7 +325,7 @@ async def test_the_real_turn_is_served_while_a_slow_body_trickles_in(
 async def test_idle_sessions_expire_and_records_are_kept_compact(
     stack: OpenStack, clients: Clients
 ) -> None:
-    config = SessionServerConfig(idle_ttl_s=0.4)
+    config = SessionServerConfig(processes=0, idle_ttl_s=0.4)
     async with stack(server_config=config) as s:
         abandoned = [await s.server.open_session(s.run) for _ in range(50)]
         await clients(abandoned[0].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]

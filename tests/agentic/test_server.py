@@ -87,7 +87,7 @@ async def test_qwen3_template_dropping_think(
 ) -> None:
     """Qwen3's template drops a past turn's think block. Token in sends the trajectory's
     own ids (one sample, the think block trained on); templating anew splits the sample."""
-    async with stack(server_config=SessionServerConfig(token_in=token_in)) as s:
+    async with stack(server_config=SessionServerConfig(processes=0, token_in=token_in)) as s:
         session = await s.server.open_session(s.run)
         oa = clients(session.base_url)
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Think first"}]
@@ -185,7 +185,7 @@ async def test_concurrent_request_on_one_session_is_409(stack: OpenStack, client
 
 
 async def test_http_routes_and_their_errors(stack: OpenStack) -> None:
-    config = SessionServerConfig(max_body_bytes=4096)
+    config = SessionServerConfig(processes=0, max_body_bytes=4096)
     async with stack(server_config=config) as s, aiohttp.ClientSession() as http:
         url = s.server.url
         manage = {"Authorization": f"Bearer {s.server.management_token}"}

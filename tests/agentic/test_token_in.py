@@ -95,7 +95,7 @@ async def test_a_model_turn_that_does_not_round_trip_stays_one_trajectory(
 ) -> None:
     assert tokenizer.encode("\n\n\n", add_special_tokens=False) != list(NEWLINES)
     engine = TextStandInConfig(policy=TextPolicy(rules=NEWLINE_RULES))
-    config = SessionServerConfig(token_in=token_in)
+    config = SessionServerConfig(processes=0, token_in=token_in)
     async with stack(engine_config=engine, server_config=config) as s:
         session = await s.server.open_session(s.run)
         messages = await three_turns(clients(session.base_url))
@@ -145,7 +145,7 @@ async def test_token_in_agrees_with_the_template_where_the_text_round_trips(
     prompts: dict[bool, list[list[int]]] = {}
     for token_in in (True, False):
         async with stack(
-            server_config=SessionServerConfig(token_in=token_in), tokenizer=tokenizer
+            server_config=SessionServerConfig(processes=0, token_in=token_in), tokenizer=tokenizer
         ) as s:
             session = await s.server.open_session(s.run)
             oa = clients(session.base_url)

@@ -17,6 +17,7 @@ from miles_lite.rollout.context import RunContext
 from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from tests.support.hop_counting import HopCountingContext
+from tests.support.sessions import IN_PROCESS
 
 from .conftest import RULES
 
@@ -34,7 +35,7 @@ async def test_a_session_of_plain_turns_takes_one_hop(tokenizer: Any) -> None:
         context = HopCountingContext(
             tokenizer, router, TextSamplingParams(max_new_tokens=16), vocab_size=len(tokenizer)
         )
-        async with SessionServer(context) as server, aiohttp.ClientSession() as http:
+        async with SessionServer(context, IN_PROCESS) as server, aiohttp.ClientSession() as http:
             session = await server.open_session(RunContext(0))
             headers = {"Authorization": f"Bearer {session.api_key}"}
             messages: list[dict[str, Any]] = []

@@ -35,6 +35,7 @@ from tests.conformance.test_training import (  # noqa: F401 (fixtures)
     served_model,
     trainer,
 )
+from tests.support.sessions import IN_PROCESS
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +106,10 @@ async def test_an_agents_second_turn_across_a_retract_update_matches_its_weights
         engines=EngineConfig(router=RouterConfig(max_inflight_per_engine=4)),
     )
     async with TextRollout.open(
-        [sglang_url], tokenizer=tokenizer, config=config, generate=AgentGenerate(agent)
+        [sglang_url],
+        tokenizer=tokenizer,
+        config=config,
+        generate=AgentGenerate(agent, sessions=IN_PROCESS),
     ) as rollout:
         base = f"{tag}-0"
         await rollout.update_weights(_save(trainer, tmp_path / "v0"), version=base)

@@ -23,6 +23,7 @@ from miles_lite.sglang.sampling import TextSamplingParams
 from miles_lite.text.context import TextContext
 from miles_lite.types import Sample
 from tests.agentic.agents_plain import SSL_CONTEXT  # also warms openai up, off the loop
+from tests.support.sessions import IN_PROCESS
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +51,7 @@ async def session_server(
             ),
             vocab_size=len(tokenizer),
         )
-        async with SessionServer(context, config) as server:
+        async with SessionServer(context, config or IN_PROCESS) as server:
             yield server
 
 
@@ -173,7 +174,7 @@ async def test_rewritten_history_through_the_real_template_is_detected(
     recorded: dict[int, list[Any]] = {}
     stops: list[int] = []
     for max_trim in (1, 0):
-        config = SessionServerConfig(max_trim_tokens=max_trim)
+        config = SessionServerConfig(processes=0, max_trim_tokens=max_trim)
         async with session_server(sglang_url, tokenizer, config) as server:
             stop = await stop_token(server, messages, max_tokens=1)
             session = await server.open_session(RunContext(0))

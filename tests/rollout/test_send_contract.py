@@ -45,6 +45,7 @@ from miles_lite.text.context import TextContext
 from miles_lite.text.request import post_generate
 from miles_lite.types import Sample, SampleStatus, WeightSpan
 from tests.support.polling import wait_until
+from tests.support.sessions import IN_PROCESS
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +75,7 @@ async def open_stack(tokenizer: Any, *, slots: int = 8) -> AsyncIterator[Stack]:
     ):
         sampling = TextSamplingParams(max_new_tokens=40, extra={"ignore_eos": True})
         context = TextContext(tokenizer, router, sampling, vocab_size=len(tokenizer))
-        async with SessionServer(context) as server, aiohttp.ClientSession() as http:
+        async with SessionServer(context, IN_PROCESS) as server, aiohttp.ClientSession() as http:
             yield Stack(engine, router, context, server, RunContext(0), http)
 
 

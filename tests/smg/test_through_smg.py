@@ -37,6 +37,7 @@ from miles_lite.testing import (
 )
 from miles_lite.types import SampleStatus
 from tests.agentic.agents_plain import chat_client
+from tests.support.sessions import IN_PROCESS
 
 pytestmark = pytest.mark.anyio
 
@@ -118,7 +119,7 @@ async def test_every_turn_of_an_agent_session_lands_on_one_engine(
         engines=through(),
     )
     prompts = [[{"role": "user", "content": f"Session {i}: say something."}] for i in range(16)]
-    generate = AgentGenerate(three_turns)
+    generate = AgentGenerate(three_turns, sessions=IN_PROCESS)
     async with opened(smg.url, tokenizer, config=config, generate=generate) as rollout:
         result = await rollout.run(prompts)
     assert not result.failed and len(result.samples) == 16
@@ -150,7 +151,7 @@ async def test_an_agent_rollout_stopped_early_aborts_its_turns_at_the_engines(
         abort_all_on_stop=False,  # by rid: each turn's rid at every engine smg lists
     )
     prompts = [[{"role": "user", "content": f"Agent {i}: go."}] for i in range(16)]
-    generate = AgentGenerate(three_turns)
+    generate = AgentGenerate(three_turns, sessions=IN_PROCESS)
     async with opened(smg.url, tokenizer, config=config, generate=generate) as rollout:
         result = await rollout.run(prompts)
         assert len(result.groups) == 2 and result.partial

@@ -19,6 +19,7 @@ from miles_lite.rollout.contract import GenerateFnInput
 from miles_lite.rollout.filters import drop_zero_std
 from miles_lite.testing import TextPolicy, TextStandInConfig, token_logprob
 from tests.agentic import agents_plain
+from tests.support.sessions import IN_PROCESS
 from tests.text.conftest import RULES, OpenRollout
 
 pytestmark = pytest.mark.anyio
@@ -261,7 +262,7 @@ async def test_tokenizing_long_prompts_never_stalls_the_loop(text_rollout: OpenR
 async def test_open_starts_a_session_server_for_an_agentic_generate_function(
     text_rollout: OpenRollout,
 ) -> None:
-    agent = AgentGenerate(agents_plain.run_agent)
+    agent = AgentGenerate(agents_plain.run_agent, sessions=IN_PROCESS)
     async with text_rollout(generate=agent, n_samples_per_prompt=2) as (rollout, _):
         result = await rollout.run([[{"role": "user", "content": "What is 2+3?"}]])
         assert agent.server.session_ids() == []  # every session closed
