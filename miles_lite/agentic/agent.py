@@ -65,8 +65,10 @@ class AgentGenerate:
     ``run_agent``: ``(base_url, prompt, request_kwargs)``, async or sync (a sync agent
     runs in a worker thread; on cancellation it is waited for, not abandoned: it ends once
     its requests fail, which they do as soon as its session is aborted or closed).
-    ``sessions``: the session server's config (one is started when the rollout opens), or
-    a running :class:`SessionServer` to use. ``abort_hook``: the agent's ``abort(ctx)``,
+    ``sessions``: the session server's config (one is started when the rollout opens; by
+    default :class:`SessionServerConfig`'s, which serves the agents from worker processes:
+    ``SessionServerConfig(processes=0)`` serves them in the rollout's process), or a
+    running :class:`SessionServer` to use. ``abort_hook``: the agent's ``abort(ctx)``,
     by default the ``abort`` attribute of ``run_agent``'s module, called once on early
     stop with an :class:`AbortContext`, bounded by ``abort_timeout_s``. ``mode``:
     ``"merged"`` (one sample per trajectory, miles' default) or ``"per_turn"``;
@@ -122,6 +124,14 @@ class AgentGenerate:
         )
 
     @property
+    def session_config(self) -> SessionServerConfig:
+        """The config of the session server the agents talk to: the one given, the given
+        server's, or the default."""
+        if isinstance(self._sessions, SessionServer):
+            return self._sessions.config
+        return self._sessions or SessionServerConfig()
+
+    @property
     def server(self) -> SessionServer:
         """The session server the agents talk to; ``ConfigError`` before :meth:`bind`."""
         if self._server is None:
@@ -140,7 +150,7 @@ class AgentGenerate:
         if isinstance(self._sessions, SessionServer):
             yield
             return
-        async with SessionServer(context, self._sessions) as server:
+        async with SessionServer(context, self.session_config) as server:
             self._server = server
             try:
                 yield

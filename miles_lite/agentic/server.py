@@ -26,12 +26,13 @@ request on a session while one is in flight is refused (409); an agent that disc
 or times out gets its rid aborted at the engine; early stop answers later requests at
 once with ``abort``; idle sessions expire.
 
-Where the agents are served (``SessionServerConfig.processes``): in the rollout's own
-process and loop (``0``), or in worker processes of the server's own
-(:mod:`miles_lite.agentic.workers`), each on its own loopback port, running the same HTTP
-surface (:mod:`miles_lite.agentic.session_app`); the engine sends of both modes run here,
-through the one send path (:mod:`miles_lite.agentic.turn_send`), and the records are kept
-here. The server's own URL then serves the management endpoints only.
+Where the agents are served (``SessionServerConfig.processes``): in worker processes of
+the server's own (``"auto"``, the default, or a count; :mod:`miles_lite.agentic.workers`),
+each on its own loopback port, or in the rollout's own process and loop (``0``); both run
+the same HTTP surface (:mod:`miles_lite.agentic.session_app`). The engine sends of both
+modes run here, through the one send path (:mod:`miles_lite.agentic.turn_send`), and the
+records are kept here. With workers, the server's own URL serves the management endpoints
+only.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from miles_lite.agentic.worker_main import WorkerSettings
 from miles_lite.agentic.workers import SessionWorkers
 from miles_lite.errors import SessionError
 from miles_lite.rollout.context import RunContext
+from miles_lite.rollout.startup import startup_step
 from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.sglang.sampling import chat_sampling
 from miles_lite.text.context import TextContext
@@ -169,7 +171,10 @@ class SessionServer(AsyncResource):
                 self._counts,
                 self._expired,
             )
-            self._workers = await stack.enter_async_context(workers)
+            count = config.worker_count
+            # Seconds on a loaded machine (each imports the library, unpickles the tokenizer).
+            with startup_step(f"starting {count} session server worker process(es)"):
+                self._workers = await stack.enter_async_context(workers)
         else:
             token_in = TokenIn(self._context, config, self._counts)
             forwarder = Forwarder(

@@ -8,7 +8,8 @@ kind through the same code as ``miles-lite text`` / ``diffusion`` against their 
   oversampling: the rollout stops once enough groups are kept, aborts the rest at the
   engine, and a second rollout resumes the partial groups;
 - ``--tools``: multi-turn tool calling (``MultiTurn``: the model calls ``add``);
-- ``--agent``: an agent with the real ``openai`` client through session URLs;
+- ``--agent``: an agent with the real ``openai`` client through session URLs, served
+  from the session server's worker processes (the library's default);
 - ``--diffusion``: microgroups through the parser pool and a CLIP reward pool.
 
 Each prints its metrics table and a sample, and writes its trace and PNG timeline.

@@ -469,8 +469,16 @@ def _serves(pid: int, base: str) -> bool:
     return any(c.laddr and c.laddr.port == port for c in psutil.Process(pid).net_connections())
 
 
+def test_the_default_serves_agents_from_at_least_one_worker_process() -> None:
+    # The README's claim: "auto" by default, at least one worker on any machine (1-2 cores
+    # included); in the rollout's process only when asked for (processes=0).
+    default = SessionServerConfig()
+    assert default.processes == "auto" and default.worker_count >= 1
+    assert AgentGenerate(agents.run_agent).session_config == default
+    assert SessionServerConfig(processes=0).worker_count == 0
+
+
 def test_processes_is_a_count_or_auto_and_names_itself_otherwise() -> None:
-    assert SessionServerConfig().worker_count == 0  # in the rollout's process by default
     assert SessionServerConfig(processes=3).worker_count == 3
     auto = SessionServerConfig(processes="auto").worker_count
     assert auto == max(1, min(4, (os.cpu_count() or 1) - 1))
@@ -508,17 +516,19 @@ async def test_a_worker_that_fails_to_start_fails_the_servers_start_by_name(
 async def test_an_agent_rollout_with_worker_processes_gives_the_in_process_samples(
     tokenizer: Any,
 ) -> None:
-    """The README's process-mode line, through TextRollout, next to the same rollout
-    served in-process."""
+    """The README's process-mode lines through TextRollout: the default (worker
+    processes) gives the samples of the same rollout served in-process."""
     namespace: dict[str, Any] = {
         "AgentGenerate": AgentGenerate,
         "SessionServerConfig": SessionServerConfig,
         "run_agent": agents.run_agent,
     }
     exec(readme_block("Agents: OpenAI chat through session URLs", 2), namespace)
-    in_process = AgentGenerate(agents.run_agent, sessions=SessionServerConfig(processes=0))
+    default, in_process = namespace["generate"], namespace["in_process"]
+    assert default.session_config.worker_count >= 1
+    assert in_process.session_config.worker_count == 0
     got = []
-    for generate in (namespace["generate"], in_process):
+    for generate in (default, in_process):
         async with (
             TextStandInEngine(
                 TextStandInConfig(policy=TextPolicy(rules=RULES)), tokenizer

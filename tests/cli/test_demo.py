@@ -86,6 +86,8 @@ def test_tool_calling_and_agent_demos(tmp_path: Path) -> None:
         assert metrics["rollout/samples"] == 4 and metrics["rollout/failed_samples"] == 0  # type: ignore[index]
         assert metrics["rollout/reward_mean"] == 1.0  # type: ignore[index]
     assert (tmp_path / "agent.png").stat().st_size > 0
+    # The agents were served as a user's are by default: from worker processes.
+    assert re.search(r"starting \d+ session server worker process\(es\): done in", run.stderr)
 
 
 def test_the_table_shows_a_text_sample_side_by_side(tmp_path: Path) -> None:
