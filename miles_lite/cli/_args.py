@@ -33,6 +33,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, object]] = {
         "generate_tool_call_parser": "qwen",
         "generate_tool_timeout_s": 30.0,
         "benchmark_min_new_tokens": 1,  # Benchmark
+        "session_processes": "auto",  # SessionServerConfig.processes
     },
     "diffusion": {
         "samples_per_prompt": 4,
@@ -52,6 +53,19 @@ CONFIG_DEFAULTS["demo"] = {
     for k, v in CONFIG_DEFAULTS["diffusion"].items()
     if k not in ("samples_per_prompt", "max_inflight_per_engine", "wait_for_engines")
 }
+
+
+def _count_or_auto(text: str) -> int | str:
+    """A ``--session-processes`` value: ``auto`` or a whole number (the config class
+    judges its range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of worker processes or 'auto', got {text!r}"
+        ) from None
 
 
 def _default(command: str, dest: str) -> str:
@@ -315,6 +329,14 @@ def _text_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MODULE.FN",
         help="an agent: async (base_url, messages, request_kwargs); it chats through a session URL",
+    )
+    gen.add_argument(
+        "--session-processes",
+        type=_count_or_auto,
+        default=None,
+        metavar="N",
+        help="an agent: worker processes serving its sessions, 'auto' (one per spare core, 1"
+        " to 4) or 0 (in this process)" + _default("text", "session_processes"),
     )
 
 

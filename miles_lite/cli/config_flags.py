@@ -21,6 +21,7 @@ from miles_lite.errors import ConfigError
 __all__ = [
     "DIFFUSION_FIELDS",
     "MULTI_TURN_FIELDS",
+    "SESSION_FIELDS",
     "TEXT_FIELDS",
     "FlagField",
     "Given",
@@ -72,6 +73,12 @@ TEXT_FIELDS: dict[str, FlagField] = _fields(
 MULTI_TURN_FIELDS: dict[str, FlagField] = _fields(
     ("generate_max_turns", "--generate-max-turns", "max_turns"),
     ("generate_tool_timeout_s", "--generate-tool-timeout-s", "tool_timeout_s"),
+)
+
+#: ``miles-lite text --custom-agent-function-path``: flag destination -> the
+#: :class:`~miles_lite.agentic.config.SessionServerConfig` field it sets.
+SESSION_FIELDS: dict[str, FlagField] = _fields(
+    ("session_processes", "--session-processes", "processes"),
 )
 
 #: ``miles-lite diffusion`` (and the demo's diffusion half): flag destination -> the

@@ -17,7 +17,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from miles_lite.cli.config_flags import MULTI_TURN_FIELDS, TEXT_FIELDS, apply_flags, given
+from miles_lite.cli.config_flags import (
+    MULTI_TURN_FIELDS,
+    SESSION_FIELDS,
+    TEXT_FIELDS,
+    apply_flags,
+    given,
+)
 from miles_lite.cli.paths import CliError, load_function, load_object, one_line_errors
 from miles_lite.cli.preflight import check_engine_urls, check_outputs
 from miles_lite.cli.report import report, say_startup_steps, write_pictures
@@ -61,17 +67,26 @@ def build_config(args: argparse.Namespace) -> TextRolloutConfig:
 
 def build_generate(args: argparse.Namespace, custom: GenerateFn | None = None) -> GenerateFn:
     """The generate function the flags name: a custom one, an agent
-    (``AgentGenerate`` of ``--custom-agent-function-path``), ``MultiTurn``,
-    ``Benchmark``, or single turn. ``ConfigError`` names a path or parser that does not
-    resolve."""
+    (``AgentGenerate`` of ``--custom-agent-function-path``, its session server's config
+    from the ``--session-*`` flags), ``MultiTurn``, ``Benchmark``, or single turn.
+    ``ConfigError`` names a path or parser that does not resolve; :class:`CliError` a
+    session flag without an agent, or a value the session server's config refuses."""
     from miles_lite.text.single_turn import generate as single_turn
 
+    session_flags = given(args, SESSION_FIELDS)
+    if session_flags and (custom is not None or not args.custom_agent_function_path):
+        raise CliError(
+            f"{session_flags[0][0].flag} sets the session server of an agent: give"
+            " --custom-agent-function-path too"
+        )
     if custom is not None:
         return custom
     if args.custom_agent_function_path:
         from miles_lite.agentic.agent import AgentGenerate
+        from miles_lite.agentic.config import SessionServerConfig
 
-        return AgentGenerate(load_function(args.custom_agent_function_path))
+        sessions = apply_flags(SessionServerConfig(), session_flags)
+        return AgentGenerate(load_function(args.custom_agent_function_path), sessions=sessions)
     if args.generate == "multi-turn":
         return build_multi_turn(args)
     if args.generate == "benchmark":

@@ -8,8 +8,14 @@ import dataclasses
 
 import pytest
 
+from miles_lite.agentic.agent import AgentGenerate
 from miles_lite.cli._args import CONFIG_DEFAULTS, build_parser
-from miles_lite.cli.config_flags import DIFFUSION_FIELDS, MULTI_TURN_FIELDS, TEXT_FIELDS
+from miles_lite.cli.config_flags import (
+    DIFFUSION_FIELDS,
+    MULTI_TURN_FIELDS,
+    SESSION_FIELDS,
+    TEXT_FIELDS,
+)
 from miles_lite.cli.diffusion import build_config as diffusion_config
 from miles_lite.cli.text import build_config as text_config
 from miles_lite.cli.text import build_generate
@@ -78,7 +84,13 @@ def test_the_text_defaults_help_shows_are_the_configs() -> None:
     assert bench.max_new_tokens == config.sampling.max_new_tokens
     for dest, field in MULTI_TURN_FIELDS.items():
         assert at(multi.options, field.path) == shown[dest], dest
-    covered = {*TEXT_FIELDS, *MULTI_TURN_FIELDS, "generate_tool_call_parser"}
+    agent = build_generate(
+        parse(*TEXT, "--custom-agent-function-path", "tests.agentic.agents_plain.run_agent")
+    )
+    assert isinstance(agent, AgentGenerate)
+    for dest, field in SESSION_FIELDS.items():
+        assert at(agent.session_config, field.path) == shown[dest], dest
+    covered = {*TEXT_FIELDS, *MULTI_TURN_FIELDS, *SESSION_FIELDS, "generate_tool_call_parser"}
     assert set(shown) <= covered | {"benchmark_min_new_tokens"}
 
 

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from miles_lite.agentic.agent import AgentGenerate
+from miles_lite.agentic.config import SessionServerConfig
 from miles_lite.cli import CliError, load_function, load_object
 from miles_lite.cli._args import build_parser
 from miles_lite.cli.text import build_config, build_filters, build_generate, build_rewards
@@ -92,6 +93,24 @@ def test_a_custom_agent_by_dotted_path_is_an_agent_generate() -> None:
     args = parse("--custom-agent-function-path", "tests.agentic.agents_plain.run_agent")
     assert isinstance(build_generate(args), AgentGenerate)
     assert build_generate(parse()) is single_turn
+
+
+AGENT = ("--custom-agent-function-path", "tests.agentic.agents_plain.run_agent")
+
+
+@pytest.mark.parametrize(("value", "processes"), [("0", 0), ("3", 3), ("auto", "auto")])
+def test_session_processes_sets_the_agents_session_server(value: str, processes: int | str) -> None:
+    generate = build_generate(parse(*AGENT, "--session-processes", value))
+    assert isinstance(generate, AgentGenerate)
+    assert generate.session_config == SessionServerConfig(processes=processes)  # type: ignore[arg-type]
+
+
+def test_session_processes_the_config_refuses_or_without_an_agent_is_a_cli_error() -> None:
+    message = r"^--session-processes -1: SessionServerConfig.processes must be an int >= 0"
+    with pytest.raises(CliError, match=message):
+        build_generate(parse(*AGENT, "--session-processes", "-1"))
+    with pytest.raises(CliError, match=r"^--session-processes sets the session server of an"):
+        build_generate(parse("--session-processes", "0"))
 
 
 def test_rollout_flags_make_the_config_rewards_and_filters() -> None:

@@ -54,6 +54,8 @@ def one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
          " required: --tokenizer/--hf-checkpoint, --prompt-data"),
         ([*TEXT, "--temperature", "warm"], "miles-lite text: argument"
          " --temperature/--rollout-temperature: invalid float value: 'warm'"),
+        ([*TEXT, "--session-processes", "many"], "miles-lite text: argument"
+         " --session-processes: expected a number of worker processes or 'auto', got 'many'"),
     ],
 )  # fmt: skip
 def test_an_argparse_mistake_is_one_line_naming_the_flag(

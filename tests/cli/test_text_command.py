@@ -76,6 +76,7 @@ def test_a_custom_agent_by_dotted_path_gets_the_scripted_answer(
         "text", "--engine-url", text_engine, "--tokenizer", tokenizer_dir,
         "--prompt-data", str(prompts), "--output", str(out), "--n-samples-per-prompt", "2",
         "--custom-agent-function-path", "tests.agentic.agents_plain.run_agent",
+        "--session-processes", "0",  # served in the command's process: no worker to start
         "--max-new-tokens", "64", "--no-progress",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
