@@ -7,6 +7,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -112,6 +113,30 @@ async def clients() -> AsyncIterator[Clients]:
             max_retries=0,
             timeout=30,
             http_client=openai.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
+        )
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.close()
+
+
+Claudes = Callable[[str, str], anthropic.AsyncAnthropic]
+
+
+@pytest.fixture
+async def claude() -> AsyncIterator[Claudes]:
+    """``claude(base_url, api_key)``: real anthropic clients, all closed after the test."""
+    made: list[anthropic.AsyncAnthropic] = []
+
+    def make(base_url: str, api_key: str) -> anthropic.AsyncAnthropic:
+        client = anthropic.AsyncAnthropic(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=30,
+            http_client=anthropic.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
         )
         made.append(client)
         return client

@@ -6,7 +6,6 @@ streaming, system prompts, tool_use / tool_result blocks; a session named in an
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.testing import token_logprob
 from miles_lite.types import Sample, SampleStatus
 
-from .agents_plain import SSL_CONTEXT
 from .conftest import TOOLS, Clients, OpenStack, Stack
 from .test_server import ADD
 
@@ -45,26 +43,6 @@ def _warm_up() -> None:
 
 
 _warm_up()
-
-
-@pytest.fixture
-async def claude() -> AsyncIterator[Any]:
-    made: list[anthropic.AsyncAnthropic] = []
-
-    def make(base_url: str, api_key: str) -> anthropic.AsyncAnthropic:
-        client = anthropic.AsyncAnthropic(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=30,
-            http_client=anthropic.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
-        )
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.close()
 
 
 async def messages_tool_agent(client: anthropic.AsyncAnthropic, *, stream: bool) -> str:

@@ -9,13 +9,12 @@ import asyncio
 import dataclasses
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import anthropic
 import anyio
 import openai
 import pytest
@@ -37,8 +36,7 @@ from miles_lite.types import SampleStatus
 from tests.support.polling import wait_until
 
 from . import agents
-from .agents_plain import SSL_CONTEXT
-from .conftest import RULES, TOOLS
+from .conftest import RULES, TOOLS, Claudes, Clients
 from .test_messages import messages_tool_agent, readme_block
 from .test_server import ADD, tool_agent
 
@@ -107,49 +105,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-@pytest.fixture
-async def oa() -> AsyncIterator[Callable[[str, str], openai.AsyncOpenAI]]:
-    made: list[openai.AsyncOpenAI] = []
-
-    def make(base_url: str, api_key: str = "unused") -> openai.AsyncOpenAI:
-        client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=30,
-            http_client=openai.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
-        )
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.close()
-
-
-OA = Callable[..., openai.AsyncOpenAI]
-
-
-@pytest.fixture
-async def claude() -> AsyncIterator[Callable[[str, str], anthropic.AsyncAnthropic]]:
-    made: list[anthropic.AsyncAnthropic] = []
-
-    def make(base_url: str, api_key: str) -> anthropic.AsyncAnthropic:
-        client = anthropic.AsyncAnthropic(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=30,
-            http_client=anthropic.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
-        )
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.close()
-
-
 def turn_keys(records: list[TurnRecord]) -> list[tuple[Any, ...]]:
     return [
         (r.prompt_ids, r.prefix_len, r.output_ids, r.output_log_probs, r.finish_reason)
@@ -161,11 +116,11 @@ def chat_url(base_url: str) -> str:
     return f"{base_url}/chat/completions"
 
 
-async def test_each_turn_is_recorded_once_with_token_in(served: Served, oa: OA) -> None:
+async def test_each_turn_is_recorded_once_with_token_in(served: Served, clients: Clients) -> None:
     server = served.server
     before = await server.collect_statistics()
     session = await server.open_session(RunContext(0))
-    client = oa(session.base_url)
+    client = clients(session.base_url)
     first = await client.chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     # The record was sent to the rollout's process before the agent's answer.
     await wait_until(lambda: len(server.records(session.id)) == 1)
@@ -185,14 +140,14 @@ async def test_each_turn_is_recorded_once_with_token_in(served: Served, oa: OA) 
     }
 
 
-async def test_token_in_ids_are_the_same_in_both_modes(served: Served, oa: OA) -> None:
+async def test_token_in_ids_are_the_same_in_both_modes(served: Served, clients: Clients) -> None:
     if not served.server.config.worker_count:
         pytest.skip("compares a worker-process server with an in-process one")
     got = []
     async with SessionServer(served.context, SessionServerConfig(processes=0)) as local:
         for server in (served.server, local):
             session = await server.open_session(RunContext(0))
-            await tool_agent(oa(session.base_url))
+            await tool_agent(clients(session.base_url))
             got.append(turn_keys(await server.close_session(session.id)))
     assert got[0] == got[1] and len(got[0]) == 2
 
@@ -247,7 +202,9 @@ async def test_bodies_too_large_not_json_or_not_chat_are_refused(
     assert (delta["too_large"], delta["refused"], delta.get("recorded", 0)) == (1, 3, 0)
 
 
-async def test_a_slow_body_is_cut_off_and_does_not_hold_its_session(served: Served, oa: OA) -> None:
+async def test_a_slow_body_is_cut_off_and_does_not_hold_its_session(
+    served: Served, clients: Clients
+) -> None:
     server = served.server
     session = await server.open_session(RunContext(0))
     host, port = session.base_url.removeprefix("http://").split("/")[0].split(":")
@@ -261,7 +218,7 @@ async def test_a_slow_body_is_cut_off_and_does_not_hold_its_session(served: Serv
     )
     await writer.drain()
     await anyio.sleep(0.2)  # its body is being read
-    turn = await oa(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+    turn = await clients(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     assert turn.choices[0].message.content == "Hi there."  # not a 409
     assert (await reader.read(200)).startswith(b"HTTP/1.1 408")
     writer.close()
@@ -290,18 +247,20 @@ async def test_a_second_request_in_flight_on_a_session_is_409(
     assert (await served.delta(before))["conflicts"] == 1
 
 
-async def test_abort_and_the_runs_stop_answer_abort_at_once(served: Served, oa: OA) -> None:
+async def test_abort_and_the_runs_stop_answer_abort_at_once(
+    served: Served, clients: Clients
+) -> None:
     server = served.server
     run = RunContext(0)
     session, other = await server.open_session(run), await server.open_session(run)
     before = await server.collect_statistics()
     await server.abort([session.id])
-    answer = await oa(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+    answer = await clients(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     assert answer.choices[0].finish_reason == "abort"
-    fine = await oa(other.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+    fine = await clients(other.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     assert fine.choices[0].finish_reason == "stop"
     run.stop.set()  # the rollout's early stop reaches every session
-    stopped = await oa(other.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+    stopped = await clients(other.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     assert stopped.choices[0].finish_reason == "abort"
     assert await server.close_session(session.id) == []
     assert len(await server.close_session(other.id)) == 1
@@ -349,11 +308,11 @@ async def test_closing_a_session_aborts_its_turn_in_flight_and_records_nothing(
 
 
 async def test_a_messages_exchange_records_what_the_same_chat_exchange_records(
-    served: Served, oa: OA, claude: Any
+    served: Served, clients: Clients, claude: Claudes
 ) -> None:
     server = served.server
     chat = await server.open_session(RunContext(0))
-    oa_client = oa(chat.base_url)
+    oa_client = clients(chat.base_url)
     messages = list(ADD)
     first = await oa_client.chat.completions.create(
         model="m",
@@ -405,23 +364,23 @@ async def test_the_management_endpoints_answer_at_the_servers_own_url(
 
 @pytest.mark.parametrize("processes", MODES)
 async def test_idle_sessions_expire_and_leaving_stops_every_worker(
-    tokenizer: Any, oa: OA, processes: int
+    tokenizer: Any, clients: Clients, processes: int
 ) -> None:
     config = SessionServerConfig(processes=processes, idle_ttl_s=0.4)
     async with serving(tokenizer, config) as s:
         pids = s.server.worker_pids()
         assert len(pids) == processes
         abandoned = [await s.server.open_session(RunContext(0)) for _ in range(6)]
-        await oa(abandoned[0].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+        await clients(abandoned[0].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
         await wait_until(lambda: s.server.statistics().open_sessions == 0)
         assert (await s.server.collect_statistics()).expired == 6
         with pytest.raises(openai.NotFoundError):
-            await oa(abandoned[1].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+            await clients(abandoned[1].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     assert s.server.worker_pids() == [] and not [p for p in pids if _alive(p)]
 
 
 async def test_a_worker_that_dies_is_replaced_and_the_rollout_goes_on(
-    served: Served, oa: OA
+    served: Served, clients: Clients
 ) -> None:
     # Last in the module: it kills one of the shared server's workers.
     server = served.server
@@ -430,7 +389,7 @@ async def test_a_worker_that_dies_is_replaced_and_the_rollout_goes_on(
     run = RunContext(0)
     sessions = [await server.open_session(run) for _ in range(2)]  # one on each worker
     for session in sessions:
-        await oa(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+        await clients(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     victim = sessions[0]
     pids = server.worker_pids()
     port = victim.base_url.split("/sessions/")[0]
@@ -439,16 +398,16 @@ async def test_a_worker_that_dies_is_replaced_and_the_rollout_goes_on(
     os.kill(pid, signal.SIGKILL)
     await wait_until(lambda: server.statistics().worker_exits == 1, timeout_s=60)
     with pytest.raises(openai.APIConnectionError):
-        await oa(victim.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+        await clients(victim.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     # Its records so far stay; the other worker's session goes on; a new worker serves.
     assert len(await server.close_session(victim.id)) == 1
-    more = await oa(sessions[1].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+    more = await clients(sessions[1].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
     assert more.choices[0].finish_reason == "stop"
     await wait_until(lambda: len(server.worker_pids()) == 2, timeout_s=60)
     assert pid not in server.worker_pids()
     fresh = [await server.open_session(run) for _ in range(2)]
     for session in fresh:
-        await oa(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
+        await clients(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
         assert len(await server.close_session(session.id)) == 1
     assert len(await server.close_session(sessions[1].id)) == 2
 
