@@ -299,29 +299,6 @@ async def test_slow_clients_are_cut_off_and_do_not_hold_their_session(
         assert s.server.statistics().conflicts == 0
 
 
-async def test_the_real_turn_is_served_while_a_slow_body_trickles_in(
-    stack: OpenStack, clients: Clients
-) -> None:
-    config = SessionServerConfig(processes=0, body_timeout_s=2.0)
-    async with stack(server_config=config) as s:
-        session = await s.server.open_session(s.run)
-        host, port = s.server.url.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(
-            (
-                f"POST /sessions/{session.id}/v1/chat/completions HTTP/1.1\r\n"
-                "Host: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                "Content-Length: 200\r\n\r\n{"
-            ).encode()
-        )
-        await writer.drain()
-        await anyio.sleep(0.2)  # its body is being read
-        turn = await clients(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
-        assert turn.choices[0].message.content == "Hi there."  # not a 409
-        assert (await reader.read(200)).startswith(b"HTTP/1.1 408")
-        writer.close()
-
-
 async def test_idle_sessions_expire_and_records_are_kept_compact(
     stack: OpenStack, clients: Clients
 ) -> None:
