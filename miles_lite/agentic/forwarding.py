@@ -20,7 +20,6 @@ from miles_lite.agentic.turns import BadTurn, engine_payload
 from miles_lite.errors import EngineError, EngineProtocolError
 from miles_lite.sglang.chat_wire import record_from_choice
 from miles_lite.sglang.generate_wire import new_rid
-from miles_lite.text.context import TextContext
 
 __all__ = ["CHAT_PATH", "Forwarder"]
 
@@ -31,20 +30,21 @@ _OFF_LOOP_ANSWER_TOKENS = 1024
 
 
 class Forwarder:
-    """The forwarding half of a session server over ``context``: ``sampling`` is the
-    rollout's in chat names; counts in the server's ``counts``; ``sender`` gets each
+    """The forwarding half of a session server: ``vocab_size`` bounds the ids an answer
+    may hold (``None``: only that they are ints >= 0); ``sampling`` is the rollout's in
+    chat names; counts in the server's ``counts``; ``sender`` gets each
     turn's payload to the engine (:mod:`miles_lite.agentic.turn_send`)."""
 
     def __init__(
         self,
-        context: TextContext,
+        vocab_size: int | None,
         config: SessionServerConfig,
         sampling: dict[str, Any],
         token_in: TokenIn,
         counts: SessionCounters,
         sender: TurnSender,
     ) -> None:
-        self._context = context
+        self._vocab_size = vocab_size
         self._sender = sender
         self._config = config
         self._sampling = sampling
@@ -80,7 +80,7 @@ class Forwarder:
                 rid=rid,
                 engine_url=url,
                 request=payload,
-                vocab_size=self._context.vocab_size,
+                vocab_size=self._vocab_size,
             )
             if sent is not None and record.prompt_ids != sent:
                 raise EngineProtocolError(

@@ -176,9 +176,10 @@ class SessionServer(AsyncResource):
             with startup_step(f"starting {count} session server worker process(es)"):
                 self._workers = await stack.enter_async_context(workers)
         else:
-            token_in = TokenIn(self._context, config, self._counts)
+            context = self._context
+            token_in = TokenIn(context.threads, config, self._counts)
             forwarder = Forwarder(
-                self._context, config, self._sampling, token_in, self._counts, self._sender
+                context.vocab_size, config, self._sampling, token_in, self._counts, self._sender
             )
             SessionApp(config, self._registry, forwarder, self._counts).add_routes(app)
         # handler_cancellation: a handler whose agent disconnected is cancelled, so its

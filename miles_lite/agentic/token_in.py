@@ -15,7 +15,7 @@ from miles_lite.agentic.http_io import refuse
 from miles_lite.agentic.registry import SessionState
 from miles_lite.agentic.turns import Trajectory, appended_messages, prefix_len, render_key
 from miles_lite.sglang.chat_wire import TurnRecord
-from miles_lite.text.context import TextContext
+from miles_lite.text.context import TokenizerThreads
 from miles_lite.text.template_glue import TemplateGlue
 from miles_lite.text.tokenize import ids_after_turn
 
@@ -23,20 +23,20 @@ __all__ = ["TokenIn"]
 
 
 class TokenIn:
-    """The token-in half of a session server over ``context`` (its tokenizer and
-    template), counting in the server's ``counts`` (``templated_turns``,
+    """The token-in half of a session server over ``threads`` (its tokenizer, with its
+    chat template, and the worker threads it runs in), counting in the server's ``counts`` (``templated_turns``,
     ``token_in_turns``, ``recorded``). The appended messages' text comes from
     :attr:`glue` (the template's per-role glue where proven) and is templated and encoded
     in at most one worker-thread call a turn: none once the glue is proven and the text
     short (:func:`~miles_lite.text.tokenize.ids_after_turn`)."""
 
     def __init__(
-        self, context: TextContext, config: SessionServerConfig, counts: SessionCounters
+        self, threads: TokenizerThreads, config: SessionServerConfig, counts: SessionCounters
     ) -> None:
-        self._context = context
+        self._threads = threads
         self._config = config
         self._counts = counts
-        tokenizer = context.tokenizer
+        tokenizer = threads.tokenizer
         self._end_of_turn = str(getattr(tokenizer, "eos_token", "") or "")
         eot_id = tokenizer.convert_tokens_to_ids(self._end_of_turn) if self._end_of_turn else None
         self._end_of_turn_id = eot_id if isinstance(eot_id, int) else -1
@@ -61,7 +61,7 @@ class TokenIn:
         kwargs = body.get("chat_template_kwargs")
         try:
             tail = await ids_after_turn(
-                self._context,
+                self._threads,
                 self.glue,
                 appended,
                 end_of_turn=self._end_of_turn,

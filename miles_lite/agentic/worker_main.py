@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import anyio
 from aiohttp import web
@@ -37,9 +37,8 @@ from miles_lite.agentic.registry import SessionRegistry, SessionState
 from miles_lite.agentic.session_app import SessionApp, edge
 from miles_lite.agentic.token_in import TokenIn
 from miles_lite.agentic.turn_send import SendOutcome
-from miles_lite.engine.router import Router
 from miles_lite.pools.worker_process import OWNER_POLL_S
-from miles_lite.text.context import TextContext
+from miles_lite.text.context import TokenizerThreads
 from miles_lite.types import WeightSpan
 
 __all__ = ["WorkerSettings", "run_worker"]
@@ -142,15 +141,12 @@ class _Worker:
         self.counts = SessionCounters()
         self.registry = SessionRegistry(loopback=config.loopback)
         # The worker sends no engine request itself (the main process does, through the
-        # one send path): its context has no router, and nothing here reads one.
-        context = TextContext(
-            settings.tokenizer,
-            cast(Router, None),
-            vocab_size=settings.vocab_size,
-            tokenize_threads=settings.tokenize_threads,
+        # one send path): it has a tokenizer and its threads, and no router.
+        threads = TokenizerThreads(settings.tokenizer, settings.tokenize_threads)
+        token_in = TokenIn(threads, config, self.counts)
+        forwarder = Forwarder(
+            settings.vocab_size, config, settings.sampling, token_in, self.counts, self
         )
-        token_in = TokenIn(context, config, self.counts)
-        forwarder = Forwarder(context, config, settings.sampling, token_in, self.counts, self)
         self.app = SessionApp(config, self.registry, forwarder, self.counts, self._ship)
 
     # -- asked of the main process -----------------------------------------------------------

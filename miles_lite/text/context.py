@@ -13,9 +13,35 @@ from miles_lite._core.validate import check_int
 from miles_lite.engine.router import Router
 from miles_lite.sglang.sampling import TextSamplingParams
 
-__all__ = ["TextContext"]
+__all__ = ["TextContext", "TokenizerThreads"]
 
 T = TypeVar("T")
+
+
+@dataclass
+class TokenizerThreads:
+    """A tokenizer and the worker threads it runs in off the event loop (at most
+    ``threads`` at once): what tokenizing needs of a context, without its engines (a
+    session server's worker process has a tokenizer and no router)."""
+
+    tokenizer: Any
+    threads: int = 1
+    _limiter: anyio.CapacityLimiter | None = field(default=None, init=False, repr=False)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (tokenizing, chat templating) in a worker thread.
+
+        Fast tokenizers release the GIL while they encode, so long prompts never stall
+        the event loop. At most ``threads`` run at once: each thread waiting to take the
+        GIL back delays the loop by a switch interval, so a few threads keep the loop's
+        worst wake-up short and lose no throughput on a few cores. Cancellation abandons
+        the call (its result is dropped).
+        """
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.threads)
+        return await anyio.to_thread.run_sync(
+            fn, *args, abandon_on_cancel=True, limiter=self._limiter
+        )
 
 
 @dataclass
@@ -42,7 +68,7 @@ class TextContext:
     tokenize_threads: int = 1
     _payload: dict[str, Any] = field(init=False, repr=False)
     _mutable_keys: tuple[str, ...] = field(init=False, repr=False)
-    _limiter: anyio.CapacityLimiter | None = field(default=None, init=False, repr=False)
+    _threads: TokenizerThreads | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_int("TextContext", "tokenize_threads", self.tokenize_threads)
@@ -61,17 +87,14 @@ class TextContext:
             params[key] = params[key].copy()
         return params
 
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` (tokenizing, chat templating) in a worker thread.
+    @property
+    def threads(self) -> TokenizerThreads:
+        """The tokenizer with its worker threads (:meth:`off_loop` runs there)."""
+        if self._threads is None:
+            self._threads = TokenizerThreads(self.tokenizer, self.tokenize_threads)
+        return self._threads
 
-        Fast tokenizers release the GIL while they encode, so long prompts never stall
-        the event loop. At most ``tokenize_threads`` run at once: each thread waiting to
-        take the GIL back delays the loop by a switch interval, so a few threads keep the
-        loop's worst wake-up short and lose no throughput on a few cores. Cancellation
-        abandons the call (its result is dropped).
-        """
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self.tokenize_threads)
-        return await anyio.to_thread.run_sync(
-            fn, *args, abandon_on_cancel=True, limiter=self._limiter
-        )
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (tokenizing, chat templating) in a worker thread: see
+        :meth:`TokenizerThreads.off_loop`."""
+        return await self.threads.off_loop(fn, *args)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from miles_lite.errors import GenerateError, SampleInvariantError
-from miles_lite.text.context import TextContext
+from miles_lite.text.context import TextContext, TokenizerThreads
 from miles_lite.text.template_glue import TemplateGlue, render_after_turn
 from miles_lite.types import Sample, checked_token_ids
 
@@ -85,7 +85,7 @@ def _own_end_left_out(text: str, *, end_of_turn: str, turn_ended: bool) -> str:
 
 
 async def ids_after_turn(
-    ctx: TextContext,
+    threads: TokenizerThreads,
     glue: TemplateGlue,
     messages: Sequence[dict[str, Any]],
     *,
@@ -101,13 +101,13 @@ async def ids_after_turn(
     hop costs ~70 us of CPU alone, and the GIL hand-offs it sets off cost the session
     server 0.5-1 ms of CPU a turn at 64 light agents on 2 loaded cores); the full render
     (Jinja), and the encoding of longer text, in one worker-thread call."""
-    tokenizer = ctx.tokenizer
+    tokenizer = threads.tokenizer
     text = glue.proven_text(messages, template_kwargs)
     if text is not None:
         text = _own_end_left_out(text, end_of_turn=end_of_turn, turn_ended=turn_ended)
         if len(text) <= ON_LOOP_CHARS:
             return _ids(tokenizer, text)
-        return await ctx.off_loop(_ids, tokenizer, text)
+        return await threads.off_loop(_ids, tokenizer, text)
 
     def work() -> list[int]:
         rendered = _own_end_left_out(
@@ -117,7 +117,7 @@ async def ids_after_turn(
         )
         return _ids(tokenizer, rendered)
 
-    return await ctx.off_loop(work)
+    return await threads.off_loop(work)
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:

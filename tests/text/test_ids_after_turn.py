@@ -44,7 +44,7 @@ async def test_a_proven_shape_is_encoded_on_the_loop_without_a_hop(
         for turn_ended in (True, False):
             messages = tool_result(content)
             ids = await ids_after_turn(
-                context, glue, messages, end_of_turn=END, turn_ended=turn_ended
+                context.threads, glue, messages, end_of_turn=END, turn_ended=turn_ended
             )
             assert ids == full_ids(context.tokenizer, messages, turn_ended), (content, turn_ended)
             # the first call derives and proves the glue in one hop; every later one
@@ -58,10 +58,10 @@ async def test_long_text_is_encoded_in_one_hop_even_when_glued(
     context: HopCountingContext,
 ) -> None:
     glue = TemplateGlue(context.tokenizer)
-    await ids_after_turn(context, glue, tool_result("5"), end_of_turn=END, turn_ended=True)
+    await ids_after_turn(context.threads, glue, tool_result("5"), end_of_turn=END, turn_ended=True)
     assert context.hops == 1
     long = tool_result("word " * ON_LOOP_CHARS)
-    ids = await ids_after_turn(context, glue, long, end_of_turn=END, turn_ended=True)
+    ids = await ids_after_turn(context.threads, glue, long, end_of_turn=END, turn_ended=True)
     assert ids == full_ids(context.tokenizer, long, True)
     assert context.hops == 2  # the encoding only: the glue is not rendered again
     assert glue.rendered == 3
@@ -73,7 +73,7 @@ async def test_a_message_the_glue_cannot_carry_takes_one_hop_each_time(
     glue = TemplateGlue(context.tokenizer)
     named = [{"role": "user", "content": "hi", "name": "bob"}]
     for turn in range(1, 4):
-        ids = await ids_after_turn(context, glue, named, end_of_turn=END, turn_ended=True)
+        ids = await ids_after_turn(context.threads, glue, named, end_of_turn=END, turn_ended=True)
         assert ids == full_ids(context.tokenizer, named, True)
         assert context.hops == turn
     assert glue.glued == 0
