@@ -153,8 +153,10 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
         "agents-out-procs-latency@2",
     } <= set(modes)
     # The agents in their own process: every turn answered and recorded once (checked in
-    # the run), the workers' CPU counted apart from the rollout's.
-    assert modes["agents-out-procs-latency@2"]["worker_cpu_ms_per_turn"] > 0
+    # the run), the workers' CPU counted apart from the rollout's (the row has the figure;
+    # four turns may take less CPU than the kernel's 10 ms accounting tick, so it may be 0).
+    assert modes["agents-out-procs-latency@2"]["worker_cpu_ms_per_turn"] >= 0
+    assert "worker_cpu_ms_per_turn" not in modes["agents-out-latency@2"]  # in-process
     assert modes["chat-latency@8"]["added_latency_p50_ms"] >= 0
     assert (
         modes["generate@8"]["served_twice"] == 0 and modes["generate@8"]["throughput_vs_bare"] > 0
