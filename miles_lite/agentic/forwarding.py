@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from miles_lite.agentic.config import SessionCounters, SessionServerConfig
-from miles_lite.agentic.http_io import Refused, refuse
+from miles_lite.agentic.http_io import OFF_LOOP_JSON_BYTES, Refused, refuse
 from miles_lite.agentic.openai_wire import ChatAnswer, abort_answer, engine_answer, passthrough
 from miles_lite.agentic.registry import SessionState
 from miles_lite.agentic.token_in import TokenIn
@@ -23,8 +23,6 @@ from miles_lite.sglang.generate_wire import new_rid
 
 __all__ = ["CHAT_PATH", "Forwarder"]
 
-#: Engine answers larger than this are parsed in a worker thread, not on the event loop.
-_OFF_LOOP_JSON_BYTES = 64 * 1024
 #: Answers with more output tokens than this are encoded in a worker thread.
 _OFF_LOOP_ANSWER_TOKENS = 1024
 
@@ -124,7 +122,7 @@ class Forwarder:
             )
         data = outcome.body
         try:
-            if len(data) > _OFF_LOOP_JSON_BYTES:
+            if len(data) > OFF_LOOP_JSON_BYTES:
                 return await anyio.to_thread.run_sync(engine_answer, data), marks
             return engine_answer(data), marks
         except ValueError as exc:

@@ -14,10 +14,19 @@ from miles_lite.agentic.config import RefusalCounter
 from miles_lite.agentic.messages_wire import messages_error
 from miles_lite.agentic.openai_wire import ChatAnswer, as_chunk, error_response, too_large
 
-__all__ = ["Refused", "bearer", "messages_refusal", "read_chat_body", "refuse", "write_answer"]
+__all__ = [
+    "OFF_LOOP_JSON_BYTES",
+    "Refused",
+    "bearer",
+    "messages_refusal",
+    "read_chat_body",
+    "refuse",
+    "write_answer",
+]
 
-#: Bodies larger than this are parsed in a worker thread, not on the event loop.
-_OFF_LOOP_JSON_BYTES = 64 * 1024
+#: JSON larger than this (an agent's body, an engine's answer) is parsed in a worker
+#: thread, not on the event loop.
+OFF_LOOP_JSON_BYTES = 64 * 1024
 
 
 class Refused(Exception):
@@ -84,7 +93,7 @@ async def read_chat_body(request: web.Request, *, max_bytes: int, timeout_s: flo
             408, f"the request body did not arrive within {timeout_s} s", "refused"
         ) from None
     try:
-        if len(raw) > _OFF_LOOP_JSON_BYTES:
+        if len(raw) > OFF_LOOP_JSON_BYTES:
             body = await anyio.to_thread.run_sync(_json.loads_strict, raw)
         else:
             body = _json.loads_strict(raw)
