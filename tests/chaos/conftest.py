@@ -28,7 +28,6 @@ import torch
 
 from miles_lite import SampleStatus, TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
-from miles_lite.errors import MilesLiteError
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.testing import SGLangServer, SGLangServerConfig, default_sglang_venv
 from tests.conftest import separate_tier
@@ -225,20 +224,6 @@ def perturbed(model: Any, folder: Path, seed: int) -> Any:
         weight.add_(0.05 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed)))
     new.save_pretrained(str(folder))
     return new
-
-
-def check_exactly_once(result: RolloutResult, groups: int, per_group: int) -> dict[str, int]:
-    """Every sample given came back exactly once (kept, filtered or partial, by group and
-    index); their statuses counted. A FAILED sample carries its typed error."""
-    flat = [s for part in (result.groups, result.filtered, result.partial) for g in part for s in g]
-    keys = [(s.group_index, s.index) for s in flat]
-    assert len(keys) == len(set(keys)) == groups * per_group
-    counts: dict[str, int] = {}
-    for sample in flat:
-        counts[sample.status.value] = counts.get(sample.status.value, 0) + 1
-        if sample.status is SampleStatus.FAILED:
-            assert isinstance(sample.error, MilesLiteError), sample.error
-    return counts
 
 
 def failures(result: RolloutResult) -> list[BaseException]:

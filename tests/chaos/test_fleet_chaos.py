@@ -18,12 +18,12 @@ import anyio
 import pytest
 
 from miles_lite.errors import EngineControlError, EngineTimeoutError
+from tests.support.outcomes import check_exactly_once
 from tests.support.polling import wait_until
 
 from .conftest import (
     Fleet,
     chaos_rollout,
-    check_exactly_once,
     failures,
     no_rid_reached_two,
     perturbed,

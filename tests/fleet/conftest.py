@@ -10,11 +10,10 @@ from typing import Any
 import anyio
 import pytest
 
-from miles_lite import SampleStatus, TextRollout, TextRolloutConfig, TextSamplingParams
+from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
-from miles_lite.errors import MilesLiteError
-from miles_lite.rollout.result import RolloutResult
 from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
+from tests.support.outcomes import check_exactly_once
 
 __all__ = [
     "FAST_ROUTER",
@@ -83,20 +82,6 @@ def fleet_rollout(tokenizer: Any) -> OpenFleet:
                     await engine.aclose()
 
     return open_rollout
-
-
-def check_exactly_once(result: RolloutResult, groups: int, per_group: int) -> dict[str, int]:
-    """Every sample given came back exactly once (kept, filtered or partial; by group and
-    index); their statuses counted. A FAILED sample carries its typed error."""
-    flat = [s for part in (result.groups, result.filtered, result.partial) for g in part for s in g]
-    keys = [(s.group_index, s.index) for s in flat]
-    assert len(keys) == len(set(keys)) == groups * per_group
-    counts: dict[str, int] = {}
-    for sample in flat:
-        counts[sample.status.value] = counts.get(sample.status.value, 0) + 1
-        if sample.status is SampleStatus.FAILED:
-            assert isinstance(sample.error, MilesLiteError)
-    return counts
 
 
 def rids_at(*engines: TextStandInEngine) -> list[set[str]]:
