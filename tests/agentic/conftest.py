@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anthropic
 import openai
@@ -99,48 +99,49 @@ def stack(tokenizer: Any) -> OpenStack:
 
 
 Clients = Callable[..., openai.AsyncOpenAI]
+Claudes = Callable[[str, str], anthropic.AsyncAnthropic]
+C = TypeVar("C", openai.AsyncOpenAI, anthropic.AsyncAnthropic)
+
+
+@asynccontextmanager
+async def closed_after(make: Callable[..., C]) -> AsyncIterator[Callable[..., C]]:
+    """``make``, with every client it made closed when the block ends."""
+    made: list[C] = []
+
+    def tracked(*args: Any, **kwargs: Any) -> C:
+        made.append(make(*args, **kwargs))
+        return made[-1]
+
+    try:
+        yield tracked
+    finally:
+        for client in made:
+            await client.close()
 
 
 @pytest.fixture
 async def clients() -> AsyncIterator[Clients]:
     """``clients(base_url, api_key)``: real openai clients, all closed after the test."""
-    made: list[openai.AsyncOpenAI] = []
 
     def make(base_url: str, api_key: str = "unused") -> openai.AsyncOpenAI:
-        client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=30,
-            http_client=openai.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
+        http_client = openai.DefaultAsyncHttpxClient(verify=SSL_CONTEXT)
+        return openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=30, http_client=http_client
         )
-        made.append(client)
-        return client
 
-    yield make
-    for client in made:
-        await client.close()
-
-
-Claudes = Callable[[str, str], anthropic.AsyncAnthropic]
+    async with closed_after(make) as tracked:
+        yield tracked
 
 
 @pytest.fixture
 async def claude() -> AsyncIterator[Claudes]:
     """``claude(base_url, api_key)``: real anthropic clients, all closed after the test."""
-    made: list[anthropic.AsyncAnthropic] = []
 
     def make(base_url: str, api_key: str) -> anthropic.AsyncAnthropic:
-        client = anthropic.AsyncAnthropic(
-            base_url=base_url,
-            api_key=api_key,
-            max_retries=0,
-            timeout=30,
-            http_client=anthropic.DefaultAsyncHttpxClient(verify=SSL_CONTEXT),
+        http_client = anthropic.DefaultAsyncHttpxClient(verify=SSL_CONTEXT)
+        return anthropic.AsyncAnthropic(
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=30, http_client=http_client
         )
-        made.append(client)
-        return client
 
-    yield make
-    for client in made:
-        await client.close()
+    async with closed_after(make) as tracked:
+        yield tracked
