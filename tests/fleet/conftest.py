@@ -13,12 +13,13 @@ import pytest
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.testing import TextStandInConfig, TextStandInEngine, TinyModelPolicy
-from tests.support.outcomes import check_exactly_once
+from tests.support.outcomes import check_exactly_once, check_none_failed
 
 __all__ = [
     "FAST_ROUTER",
     "OpenFleet",
     "check_exactly_once",
+    "check_none_failed",
     "no_rid_reached_two",
     "rids_at",
     "stand_in",

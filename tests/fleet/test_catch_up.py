@@ -18,7 +18,7 @@ from miles_lite.text.config import TextSamplingParams
 from tests.support.polling import wait_until
 from tests.support.weights import saved
 
-from .conftest import OpenFleet, check_exactly_once, no_rid_reached_two, stand_in
+from .conftest import OpenFleet, check_exactly_once, check_none_failed, no_rid_reached_two, stand_in
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +44,7 @@ async def test_an_engine_restarted_with_its_launch_weights_serves_only_after_cat
         async with restarted:
             assert restarted.weight_version == "default"  # its launch weights
             result = await rollout.run(PROMPTS * 2)
-            assert "failed" not in check_exactly_once(result, groups=8, per_group=4)
+            check_none_failed(result, groups=8, per_group=4)
             await wait_until(lambda: b.url in router.healthy_urls)
             result = await rollout.run(PROMPTS * 2)
             check_exactly_once(result, groups=8, per_group=4)
@@ -118,8 +118,7 @@ async def test_a_removed_engine_takes_no_new_work_and_its_requests_finish_or_com
             assert b.statistics().running == 0  # its requests ended before it was forgotten
             at_b = len(b.statistics().requests)
         assert len(b.statistics().requests) == at_b  # and it took no new one after
-        counts = check_exactly_once(results[0], groups=8, per_group=4)
-        assert "failed" not in counts
+        counts = check_none_failed(results[0], groups=8, per_group=4)
         assert ("aborted" in counts) is not drain
         fleet = router.statistics().fleet
         assert (fleet.removed, fleet.aborted_on_remove) == (1, 0 if drain else 1)

@@ -7,7 +7,7 @@ from miles_lite import SampleStatus
 from miles_lite.errors import MilesLiteError
 from miles_lite.rollout.result import RolloutResult
 
-__all__ = ["check_exactly_once"]
+__all__ = ["check_exactly_once", "check_none_failed"]
 
 
 def check_exactly_once(result: RolloutResult, groups: int, per_group: int) -> dict[str, int]:
@@ -21,4 +21,19 @@ def check_exactly_once(result: RolloutResult, groups: int, per_group: int) -> di
         counts[sample.status.value] = counts.get(sample.status.value, 0) + 1
         if sample.status is SampleStatus.FAILED:
             assert isinstance(sample.error, MilesLiteError), sample.error
+    return counts
+
+
+def check_none_failed(result: RolloutResult, groups: int, per_group: int) -> dict[str, int]:
+    """:func:`check_exactly_once`, and no sample FAILED (the failures' errors, when some did,
+    are the assertion's message: a chaos tier run in CI shows what went wrong)."""
+    counts = check_exactly_once(result, groups, per_group)
+    errors = [
+        f"{s.group_index}/{s.index}: {s.error!r}"
+        for part in (result.groups, result.filtered, result.partial)
+        for g in part
+        for s in g
+        if s.status is SampleStatus.FAILED
+    ]
+    assert not errors, errors
     return counts
