@@ -8,7 +8,7 @@ journal is read back after a crash.
   prebuilt answers), ``TextRollout.run`` of N single-turn requests of ``--output-tokens``
   at C in flight, alternately without and with a journal (each kept group handed durably,
   each sample recorded as it ends). Per sample: the event loop thread's CPU, the writer
-  thread's CPU, and the throughput ratio;
+  process's CPU, and the throughput ratio;
 - ``grpo/stream``: the streamed GRPO loop (``benchmarks/training.py``'s ``loop/stream``,
   as ``examples/grpo_loop.py`` runs it) on the text stand-in in its own process:
   ``--loop-steps`` steps of ``--loop-groups`` groups of 4 samples of ``--loop-tokens``
@@ -62,7 +62,7 @@ async def one_run(
         TextRollout.open([url], tokenizer=tokenizer, config=config, journal=journal) as rollout,
     ):
         # The loop thread's own CPU: what the journal costs the event loop (the writer
-        # thread's CPU is counted apart).
+        # process's CPU is counted apart).
         cpu0, t0 = time.thread_time(), time.perf_counter()
         writer0 = journal.statistics().cpu_s if journal is not None else 0.0
         result = await rollout.run(groups)
@@ -200,7 +200,7 @@ async def grpo_side_by_side(args: argparse.Namespace, tokenizer: Any, tmp: Path)
 
 async def loop_share(path: Path, samples: int, tokens: int) -> tuple[float, float]:
     """The event loop's CPU per sample of the journal's own calls (``record``, as each
-    generate call ends), and the writer thread's CPU per sample recorded, with nothing
+    generate call ends), and the writer process's CPU per sample recorded, with nothing
     else running, in microseconds: what the rollout's numbers above cannot resolve from
     run-to-run noise."""
     sample = Sample(

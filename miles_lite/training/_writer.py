@@ -1,67 +1,81 @@
-"""The journal's one writer thread: it takes writes from a bounded queue and applies them in
-batched transactions (``synchronous=NORMAL``), switching to ``FULL`` for a transaction
-that holds a durable write (a hand-off, a commit). Writes are closures the event loop
-queues (sample records come encoded; hand-offs and group templates are encoded here).
+"""The journal's writer: a process of its own (:mod:`~miles_lite.training._writer_main`)
+that applies the writes the event loop sends it in batched transactions
+(``synchronous=NORMAL``; ``FULL`` for a transaction holding a durable write: a hand-off,
+a commit).
+
+Why a process: a writer thread shares the GIL with the event loop, and every hand-off
+between them stalls the loop (generate@512 in ``benchmarks/journal.py``: a writer thread
+that wrote nothing still cost 7-10% of the throughput; none, 1-3%). The process writes
+on the other core; the loop only appends each write, msgpack-packed, to a buffer it
+hands to a pipe once a loop step (one ``os.write`` for many), and reads the writer's
+acknowledgements from a second pipe (a reader callback: no thread, no await).
+
+A write is data: a sample record's row, or statements (SQL and its rows, run with
+``executemany``). Acknowledgements are cumulative: after each transaction the writer
+says how many writes it has taken (and its counters); a durable write's future resolves
+once its transaction is committed.
 
 After a failed transaction (a full disk, an I/O error) the writer keeps the error, fails
-that transaction's and every later write's future with it, and writes nothing more: the
-file stays as its last complete transaction left it.
+that transaction's and every later write with it, and writes nothing more: the file stays
+as its last complete transaction left it. When the writer process ends unexpectedly
+(killed), every write not acknowledged fails with a :class:`JournalError` saying so. The
+writer dies with the process that started it (Linux: ``PR_SET_PDEATHSIG``; elsewhere when
+it reads the end of its pipe), so no write of a dead run lands after a restart opened the
+file.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import os
 import sqlite3
-import threading
+import subprocess
+import sys
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
+
+import msgpack
 
 from miles_lite.errors import JournalError
 from miles_lite.training._schema import journal_error
 
-__all__ = ["SAMPLE_INSERT", "SampleRow", "Write", "Writer", "WriterStatistics"]
-
-#: Writes applied in one transaction at most.
-_MAX_BATCH = 512
-#: How long the writer lets sample writes gather after it wakes, seconds.
-_GATHER_S = 0.002
-
+__all__ = [
+    "SAMPLE_INSERT",
+    "Statements",
+    "Writer",
+    "WriterStatistics",
+    "insert_rows",
+]
 
 #: Where a sample record goes (a generate call's record, or streamed progress: a record of
 #: the same place and attempt replaces it).
 SAMPLE_INSERT = "INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?)"
 
-#: A sample record's row: (group id, place, attempt, status, encoded samples).
-SampleRow = tuple[int, int, int, str, bytes]
+#: SQL and the rows it runs over (``executemany``), in order.
+Statements = list[tuple[str, list[tuple[Any, ...]]]]
 
+#: A write's kind, the first item of its frame: a sample record
+#: ``[ROW, samples, gid, place, attempt, status, blob]``; statements
+#: ``[STATEMENTS, durable, samples, [[sql, rows], ...]]``; the end ``[CLOSE]``.
+ROW, STATEMENTS, CLOSE = 0, 1, 2
 
-@dataclass(slots=True)
-class Write:
-    """One write: ``apply`` runs inside the writer's transaction, or (``apply`` None) the
-    sample record ``row`` is inserted (consecutive rows in one ``executemany``: one call
-    for many, not a closure and a statement per sample); ``done`` (when set) resolves once
-    that transaction is committed (durably when ``durable``)."""
-
-    apply: Callable[[sqlite3.Connection], object] | None
-    samples: int = 0
-    durable: bool = False
-    done: Future[None] | None = None
-    #: Holds a place of the bounded room (sample writes; control writes do not).
-    counted: bool = False
-    row: SampleRow | None = None
+#: How large the loop asks the pipe to the writer to be (Linux; bytes): a burst of
+#: 512-token records (about 5 KB each) fits without the loop waiting for room.
+_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = 1031
 
 
 @dataclass(frozen=True, slots=True)
 class WriterStatistics:
     """What the writer did: ``writes``/``samples`` applied, ``transactions`` (``durable``
-    of them with ``synchronous=FULL``), ``cpu_s`` of the writer thread, ``queue_max``
-    (most writes waiting at once), ``blocked_puts`` (writes the loop had to wait to queue:
-    the back-pressure) and ``blocked_s`` (how long they waited, seconds)."""
+    of them with ``synchronous=FULL``), ``cpu_s`` of the writer process, ``queue_max``
+    (most sample writes waiting at once), ``blocked_puts`` (writes the loop had to wait to
+    queue: the back-pressure) and ``blocked_s`` (how long they waited, seconds)."""
 
     writes: int
     samples: int
@@ -74,36 +88,108 @@ class WriterStatistics:
 
 
 class Writer:
-    """The writer thread over ``conn`` (see the module docstring); ``queue_size`` bounds the
-    sample writes waiting.
+    """The writer process of the journal at ``path`` (see the module docstring), driven
+    from the event loop: ``await start()``, then :meth:`row`, :meth:`statements`,
+    :meth:`write_durably`, and ``await close()``. ``queue_size`` bounds the sample records sent
+    and not yet applied. Every method runs on the loop's thread."""
 
-    The hand-over is a deque (an append: no lock, no syscall) and an event the loop sets
-    only when the writer sleeps; the writer re-checks the deque after saying it sleeps, so
-    no write is left waiting. The room is two counters, each written by one thread only
-    (sample writes queued by the loop, applied by the writer).
-    """
-
-    def __init__(
-        self, conn: sqlite3.Connection, path: str | os.PathLike[str], *, queue_size: int
-    ) -> None:
-        self._conn = conn
+    def __init__(self, path: str, *, max_bytes: int | None, queue_size: int) -> None:
         self._path = path
+        self._max_bytes = max_bytes
         self.limit = queue_size
-        self.pending: deque[Write | None] = deque()
-        self._wake = threading.Event()
-        self._sleeping = False
-        self._urgent = False  # a write someone waits for is queued: no gathering pause
-        self._applied_event = threading.Event()  # set after each transaction
-        self._queued_samples = 0  # sample writes queued (the loop's counter)
-        self._applied_samples = 0  # sample writes applied (the writer's counter)
         self.error: JournalError | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._data = self._acks = -1
+        self._out = bytearray()
+        self._flushing = False  # a flush is scheduled, or the loop waits for the pipe
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._unpacker = msgpack.Unpacker(raw=False)
+        self._sent = 0  # writes sent
+        self._taken = 0  # writes the writer took (applied, or failed with its error)
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._room: asyncio.Event | None = None
+        self._ended: asyncio.Future[None] | None = None
+        self._closing = False
+        self._queued_rows = 0  # sample records sent
+        self._applied_rows = 0  # sample records the writer took
         self.writes = self.samples = self.transactions = self.durable = 0
         self.cpu_s = 0.0
         self.queue_max = 0
         self.blocked_puts = 0
         self.blocked_s = 0.0
-        self._thread = threading.Thread(target=self._loop, name="miles-lite journal", daemon=True)
-        self._thread.start()
+
+    # -- lifetime --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the writer process; returns once it opened the file (or raises its
+        :class:`JournalError`)."""
+        loop = self._loop = asyncio.get_running_loop()
+        self._room = asyncio.Event()
+        self._ended = loop.create_future()
+        data_r, self._data = os.pipe()
+        self._acks, acks_w = os.pipe()
+        with contextlib.suppress(OSError):  # not Linux, or above the system's limit
+            fcntl.fcntl(self._data, _F_SETPIPE_SZ, _PIPE_BYTES)
+        command = [
+            sys.executable,
+            "-m",
+            "miles_lite.training._writer_main",
+            self._path,
+            str(self._max_bytes or 0),
+            str(data_r),
+            str(acks_w),
+            str(os.getpid()),
+        ]
+        try:
+            # Started from the loop's thread, not a worker thread: PR_SET_PDEATHSIG
+            # fires when the thread that started the child ends.
+            self._process = await asyncio.create_subprocess_exec(
+                *command, pass_fds=(data_r, acks_w), stdin=subprocess.DEVNULL
+            )
+        finally:
+            os.close(data_r)
+            os.close(acks_w)
+        os.set_blocking(self._data, False)
+        os.set_blocking(self._acks, False)
+        loop.add_reader(self._acks, self._read_acks)
+        ready: asyncio.Future[None] = loop.create_future()
+        self._waiting.append((0, ready))  # the writer's first acknowledgement: it opened
+        try:
+            await ready
+        except BaseException:
+            await self._end_process()
+            raise
+
+    async def close(self) -> None:
+        """Apply what was sent, then end the process (waits for it)."""
+        if self._process is None:
+            return
+        if self._ended is not None and not self._ended.done():
+            self._closing = True
+            self._send([CLOSE])
+            await asyncio.shield(self._ended)
+        await self._end_process()
+
+    async def _end_process(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if self._loop is not None and self._acks >= 0:
+            self._loop.remove_reader(self._acks)
+            self._loop.remove_writer(self._data)
+        if process.returncode is None and not self._closing:
+            process.kill()  # it failed to start: nothing of it is waited for
+        await process.wait()
+        for fd in (self._data, self._acks):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._data = self._acks = -1
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's id while it runs."""
+        return None if self._process is None else self._process.pid
 
     def statistics(self) -> WriterStatistics:
         return WriterStatistics(
@@ -117,131 +203,152 @@ class Writer:
             blocked_s=self.blocked_s,
         )
 
-    def _push(self, write: Write | None) -> None:
-        self.pending.append(write)
-        if write is None or write.done is not None:
-            self._urgent = True
-        if self._sleeping:
-            self._sleeping = False
-            self._wake.set()
+    # -- writes ------------------------------------------------------------------------
 
-    def put(self, write: Write) -> bool:
-        """Queue ``write`` without waiting (from the event loop only); False when a sample
-        write finds no room (then :meth:`wait_room` in a worker thread). Raises the writer's
+    def row(
+        self, gid: int, place: int, attempt: int, status: str, blob: bytes, *, samples: int
+    ) -> bool:
+        """Send a sample record (no await); False when ``queue_size`` records wait already
+        (nothing sent: ``await wait_room()``, then again). Raises the writer's
         :class:`JournalError` once it failed."""
         if self.error is not None:
             raise self.error
-        if write.counted:
-            waiting = self._queued_samples - self._applied_samples
-            if waiting >= self.limit:
-                return False
-            self._queued_samples += 1
-            if waiting >= self.queue_max:
-                self.queue_max = waiting + 1
-        self._push(write)
+        waiting = self._queued_rows - self._applied_rows
+        if waiting >= self.limit:
+            return False
+        self._queued_rows += 1
+        if waiting >= self.queue_max:
+            self.queue_max = waiting + 1
+        self._send([ROW, samples, gid, place, attempt, status, blob])
         return True
 
-    def wait_room(self) -> None:
-        """Wait until a sample write finds room (call it from a worker thread, then
-        :meth:`put` again from the loop): the back-pressure, counted in ``blocked_puts``
-        and ``blocked_s``. Returns at once once the writer failed (``put`` raises it)."""
+    def statements(self, statements: Statements, *, samples: int = 0) -> None:
+        """Send statements to run in order in one transaction (a few a run: never refused
+        for room). Raises the writer's :class:`JournalError` once it failed."""
+        if self.error is not None:
+            raise self.error
+        self._send([STATEMENTS, False, samples, statements])
+
+    async def write_durably(self, statements: Statements, *, samples: int = 0) -> None:
+        """Send statements and wait until their transaction (and everything sent before
+        it) is committed with ``synchronous=FULL``. Raises the writer's
+        :class:`JournalError` when it failed."""
+        if self.error is not None:
+            raise self.error
+        assert self._loop is not None
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._send([STATEMENTS, True, samples, statements])
+        self._waiting.append((self._sent, done))
+        await done
+
+    async def wait_room(self) -> None:
+        """Wait until a sample record finds room: the back-pressure, counted in
+        ``blocked_puts`` and ``blocked_s``. Returns at once once the writer failed
+        (:meth:`row` raises it)."""
+        assert self._room is not None
         t0 = time.monotonic()
-        while self._queued_samples - self._applied_samples >= self.limit and self.error is None:
-            self._applied_event.wait(0.05)
-            self._applied_event.clear()
+        while self._queued_rows - self._applied_rows >= self.limit and self.error is None:
+            self._room.clear()
+            await self._room.wait()
         self.blocked_puts += 1
         self.blocked_s += time.monotonic() - t0
 
-    def close(self) -> None:
-        """Apply what is queued, then end the thread and close the file (blocking)."""
-        self._push(None)
-        self._thread.join()
-        self._conn.close()
+    # -- the pipes -----------------------------------------------------------------------
 
-    def _next_batch(self) -> tuple[list[Write], bool]:
-        """Wait for writes; take up to ``_MAX_BATCH``; True when the close came."""
-        pending = self.pending
-        while not pending:
-            self._sleeping = True
-            if pending:  # appended before the loop saw us sleeping
-                self._sleeping = False
-                break
-            self._wake.wait(0.5)
-            self._wake.clear()
-            self._sleeping = False
-            if not self._urgent:
-                # Let sample writes gather for a moment (the GIL is free meanwhile): one
-                # wake-up and one transaction for many, not a thread switch per sample.
-                time.sleep(_GATHER_S)
-        self._urgent = False
-        batch: list[Write] = []
-        while pending and len(batch) < _MAX_BATCH:
-            write = pending.popleft()
-            if write is None:
-                return batch, True
-            batch.append(write)
-        return batch, False
+    def _send(self, frame: list[Any]) -> None:
+        self._out += self._packer.pack(frame)
+        self._sent += 1
+        if not self._flushing:
+            self._flushing = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)  # once a loop step, for every write of it
 
-    def _loop(self) -> None:
-        while True:
-            batch, closing = self._next_batch()
-            if batch:
-                self._apply(batch)
-            if closing:
-                return
-
-    def _apply(self, batch: list[Write]) -> None:
-        t0 = time.thread_time()
-        if self.error is None:
-            durable = any(w.durable for w in batch)
-            conn = self._conn
+    def _flush(self) -> None:
+        out = self._out
+        if out and self._data >= 0:
             try:
-                if durable:
-                    conn.execute("PRAGMA synchronous=FULL")
-                conn.execute("BEGIN")
-                _apply_in_order(conn, batch)
-                conn.execute("COMMIT")
-                if durable:
-                    conn.execute("PRAGMA synchronous=NORMAL")
-            except sqlite3.Error as exc:
-                _rollback(conn)
-                self.error = journal_error(self._path, exc, "writing")
-            except Exception as exc:  # an encoding bug: fail loudly, write nothing more
-                _rollback(conn)
-                self.error = JournalError(f"journal {self._path}: a write raised {exc!r}")
-                self.error.__cause__ = exc
-            else:
-                self.transactions += 1
-                self.durable += durable
-                self.writes += len(batch)
-                self.samples += sum(w.samples for w in batch)
-        self.cpu_s += time.thread_time() - t0
-        self._applied_samples += sum(w.counted for w in batch)
-        self._applied_event.set()
-        for write in batch:
-            if write.done is not None and not write.done.done():
+                written = os.write(self._data, out)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # the writer is gone: its end is read from the other pipe
+                written = len(out)
+            del out[:written]
+        if out and self._data >= 0:
+            assert self._loop is not None
+            self._loop.add_writer(self._data, self._flush_when_writable)
+        else:
+            self._flushing = False
+
+    def _flush_when_writable(self) -> None:
+        assert self._loop is not None
+        self._loop.remove_writer(self._data)
+        self._flush()
+
+    def _read_acks(self) -> None:
+        try:
+            data = os.read(self._acks, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._writer_ended()
+            return
+        self._unpacker.feed(data)
+        for ack in self._unpacker:
+            self._take_ack(ack)
+
+    def _take_ack(self, ack: list[Any]) -> None:
+        (taken, rows, writes, samples, transactions, durable, cpu_s, error) = ack
+        self._taken, self._applied_rows = taken, rows
+        self.writes, self.samples = writes, samples
+        self.transactions, self.durable, self.cpu_s = transactions, durable, cpu_s
+        if error is not None and self.error is None:
+            self.error = _error_of(self._path, error)
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= taken:
+            _, done = waiting.popleft()
+            if not done.done():
                 if self.error is None:
-                    write.done.set_result(None)
+                    done.set_result(None)
                 else:
-                    write.done.set_exception(self.error)
+                    done.set_exception(self.error)
+        assert self._room is not None
+        self._room.set()
+
+    def _writer_ended(self) -> None:
+        """The acknowledgements' pipe ended: the writer exited (after a close, or not)."""
+        assert self._loop is not None and self._ended is not None and self._room is not None
+        self._loop.remove_reader(self._acks)
+        if not self._closing and self.error is None:
+            code = None if self._process is None else self._process.returncode
+            self.error = JournalError(
+                f"journal {self._path}: its writer process ended unexpectedly (exit"
+                f" status {code}); writes not acknowledged are lost (the file keeps its"
+                " last complete transaction)"
+            )
+        while self._waiting:
+            _, done = self._waiting.popleft()
+            if not done.done():
+                done.set_exception(self.error or JournalError(f"journal {self._path} closed"))
+        self._room.set()
+        if not self._ended.done():
+            self._ended.set_result(None)
 
 
-def _apply_in_order(conn: sqlite3.Connection, batch: list[Write]) -> None:
-    """Apply ``batch`` in its order, each run of consecutive sample rows inserted together
-    (:func:`_insert_rows`)."""
-    rows: list[SampleRow] = []
-    for write in batch:
-        apply = write.apply
-        if apply is None:
-            if write.row is not None:
-                rows.append(write.row)
-            continue
-        if rows:
-            _insert_rows(conn, rows)
-            rows = []
-        apply(conn)
-    if rows:
-        _insert_rows(conn, rows)
+def _error_of(path: str, error: list[Any]) -> JournalError:
+    """The typed error for what the writer process reported: ``[sqlite3 class name,
+    SQLite's error code, message]`` for SQLite's errors, ``[None, None, repr]`` for any
+    other (an encoding bug)."""
+    name, code, message = error
+    if name is None:
+        return JournalError(f"journal {path}: a write raised {message}")
+    kind = getattr(sqlite3, name, sqlite3.Error)
+    exc = kind(message) if isinstance(kind, type) and issubclass(kind, sqlite3.Error) else None
+    if exc is None:
+        exc = sqlite3.Error(message)
+    exc.sqlite_errorcode = code
+    return journal_error(path, exc, "writing")
 
 
 #: Sample rows inserted by one statement at most (5 values a row: within SQLite's 999
@@ -256,20 +363,10 @@ def _multi_insert(n: int) -> str:
     return SAMPLE_INSERT + ", (?, ?, ?, ?, ?)" * (n - 1)
 
 
-def _insert_rows(conn: sqlite3.Connection, rows: list[SampleRow]) -> None:
-    """Insert ``rows`` in order, up to :data:`_ROWS_PER_INSERT` a statement: the sqlite3
-    module lets go of the GIL around each statement it steps, and this thread taking it
-    back makes the event loop's thread wait for it (two thread switches); one statement
-    for many rows is one such wait, not one a sample. Rows of one statement apply in
-    order: a later row of a place and attempt replaces an earlier one."""
+def insert_rows(conn: sqlite3.Connection, rows: list[list[Any]]) -> None:
+    """Insert sample ``rows`` (gid, place, attempt, status, blob) in order, up to
+    :data:`_ROWS_PER_INSERT` a statement. Rows of one statement apply in order: a later
+    row of a place and attempt replaces an earlier one."""
     for start in range(0, len(rows), _ROWS_PER_INSERT):
         chunk = rows[start : start + _ROWS_PER_INSERT]
         conn.execute(_multi_insert(len(chunk)), [value for row in chunk for value in row])
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back what a failed transaction left (SQLite may have rolled it back itself)."""
-    if conn.in_transaction:
-        # The file keeps its last complete transaction either way.
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")

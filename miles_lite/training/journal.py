@@ -1,11 +1,12 @@
 """The rollout journal: what a rollout makes, written to a SQLite file as it is made, so a
 crashed trainer resumes exactly where it committed (see :mod:`miles_lite.training`).
 
-:class:`Journal` owns the file and its one writer thread. The event loop only queues
-writes (a closure each: SQLite runs in the writer; a sample record is encoded on the
-loop, ~10 us in C, so the writer holds the GIL for little) and waits on the disk in two
-places the contract needs: a hand-off (a group is durable before the trainer gets it)
-and a commit. Records: each group given (prompt id, seeds, a template sample), each
+:class:`Journal` owns the file and its one writer process
+(:mod:`~miles_lite.training._writer`). The event loop only sends writes (a sample record
+encoded on the loop, ~10 us in C; statements and their rows otherwise: SQLite runs in the
+writer, on another core, sharing no GIL with the loop) and waits on the disk in two places
+the contract needs: a hand-off (a group is durable before the trainer gets it) and a
+commit. Records: each group given (prompt id, seeds, a template sample), each
 sample as its generate call ends (with the attempt that made it), each group's verdict,
 each group handed (references to its sample records plus what scoring changed), each
 step committed (with the digest of its training batch).
@@ -13,7 +14,7 @@ step committed (with the digest of its training batch).
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -22,7 +23,6 @@ import sqlite3
 import time
 from array import array
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ import anyio.to_thread
 from miles_lite._core.resources import AsyncResource
 from miles_lite.errors import ConfigError, JournalError
 from miles_lite.training._schema import GROUP_KEY, connect, journal_error
-from miles_lite.training._writer import Write, Writer, WriterStatistics
+from miles_lite.training._writer import Statements, Writer, WriterStatistics
 from miles_lite.training.codec import encode_handed, encode_samples, encode_value
 from miles_lite.types import Sample
 
@@ -67,8 +67,9 @@ class JournalConfig:
     - ``max_bytes``: the most the file may grow to (``None``: the disk's room); past it a
       write fails the rollout with :class:`~miles_lite.errors.JournalError`, as a full
       disk does;
-    - ``queue_size``: sample writes waiting for the writer thread at most; a full queue
-      makes the generate call that ended wait (counted: ``blocked_puts``);
+    - ``queue_size``: sample writes sent to the writer process and not yet applied, at
+      most; a full queue makes the generate call that ended wait (counted:
+      ``blocked_puts``);
     - ``stream_tokens_every``: when set (tokens, >= 1), a text sample's ``/generate``
       streams and the output so far is recorded each time this many more tokens came
       (ids, log-probs, weight version), so a sample in flight at a crash resumes from
@@ -158,8 +159,8 @@ class Journal(AsyncResource):
 
     ``async with Journal("run.db") as journal``, then pass it to a rollout's ``open``
     (``journal=journal``; a path there opens and closes one for you). Opening checks the
-    file (:class:`JournalConfig` ``check``) and starts the writer thread; closing applies
-    what is queued and closes the file. Raises :class:`~miles_lite.errors.JournalError`
+    file (:class:`JournalConfig` ``check``) and starts the writer process; closing applies
+    what was sent and ends it. Raises :class:`~miles_lite.errors.JournalError`
     for a corrupt file or one of another schema version. Each open is a session: the
     attempt numbers of its requests are above those of every earlier session.
     """
@@ -184,10 +185,17 @@ class Journal(AsyncResource):
     # -- lifetime --------------------------------------------------------------------
 
     async def _open(self) -> None:
-        conn = await anyio.to_thread.run_sync(self._connect)
-        self._writer = Writer(conn, self.path, queue_size=self.config.queue_size)
+        await anyio.to_thread.run_sync(self._connect)
+        writer = Writer(
+            self.path, max_bytes=self.config.max_bytes, queue_size=self.config.queue_size
+        )
+        await writer.start()
+        self._writer = writer
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> None:
+        """Check and open the file, start this session and read what the loop's side
+        keeps (the next group id, the prompts and steps seen); the writer process opens
+        its own connection."""
         conn = connect(self.path, check=self.config.check, max_bytes=self.config.max_bytes)
         try:
             cursor = conn.execute(
@@ -199,15 +207,15 @@ class Journal(AsyncResource):
             self._prompts = dict(conn.execute("SELECT prompt_id, prompt_digest FROM groups"))
             self._steps = {row[0] for row in conn.execute("SELECT step FROM steps")}
         except sqlite3.Error as exc:
-            conn.close()
             raise journal_error(self.path, exc, "opening it") from exc
-        return conn
+        finally:
+            conn.close()
 
     async def _close(self) -> None:
         writer = self._writer
         if writer is not None:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(writer.close)
+                await writer.close()
 
     @property
     def writer(self) -> Writer:
@@ -227,18 +235,20 @@ class Journal(AsyncResource):
         raises :class:`~miles_lite.errors.JournalError` naming each field that differs."""
         fields = {"kind": kind, **config_fields(config)}
         self._check_open()
-        await anyio.to_thread.run_sync(self._bind, fields)
+        value = await anyio.to_thread.run_sync(self._bind, fields)
+        if value is not None:
+            self.writer.statements([("INSERT INTO meta VALUES ('run', ?)", [(value,)])])
         self._bound = fields
 
-    def _bind(self, fields: dict[str, str]) -> None:
+    def _bind(self, fields: dict[str, str]) -> str | None:
+        """The run's identity to record (a new file), or None (``fields`` match the
+        file's); raises for a file of another run."""
         import json
 
-        with sqlite3.connect(self.path) as conn:
+        with contextlib.closing(sqlite3.connect(self.path)) as conn:
             row = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
         if row is None:
-            value = json.dumps(fields, sort_keys=True)
-            self._submit(Write(lambda c: c.execute("INSERT INTO meta VALUES ('run', ?)", (value,))))
-            return
+            return json.dumps(fields, sort_keys=True)
         recorded: dict[str, str] = json.loads(row[0])
         differs = [
             f"{name}: journal {recorded.get(name, '(absent)')}, now {fields.get(name, '(absent)')}"
@@ -251,12 +261,9 @@ class Journal(AsyncResource):
                 + "; ".join(differs)
                 + ". Open a new journal file for a new run"
             )
+        return None
 
     # -- records -----------------------------------------------------------------------
-
-    def _submit(self, write: Write) -> None:
-        """Queue a control write (a few per run: never refused for room)."""
-        self.writer.put(write)
 
     def give(self, groups: Sequence[list[Sample]], rollout_id: int) -> list[int]:
         """Record the groups of one call (one id each, returned in order); a group carried
@@ -290,16 +297,11 @@ class Journal(AsyncResource):
             for sample in group:
                 sample.metadata[GROUP_KEY] = gid
             seeds = array("q", [s.seed or 0 for s in group]).tobytes()
-            rows.append((gid, key, digest, len(group), seeds, first, self.session, rollout_id))
+            template = encode_samples([first])
+            rows.append((gid, key, digest, len(group), seeds, template, self.session, rollout_id))
         if rows:
-
-            def apply(conn: sqlite3.Connection) -> None:
-                conn.executemany(
-                    "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
-                    [(*r[:5], encode_samples([r[5]]), *r[6:]) for r in rows],
-                )
-
-            self._submit(Write(apply))
+            sql = "INSERT INTO groups VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)"
+            self.writer.statements([(sql, rows)])
         return gids
 
     def next_attempt(self) -> int:
@@ -312,7 +314,7 @@ class Journal(AsyncResource):
         ``gid`` (queued; waits only when the queue is full). A record of an older attempt
         never supersedes a newer one: the newest attempt of a place is the one read."""
         while not self.record_nowait(gid, slot, attempt, samples):
-            await anyio.to_thread.run_sync(self.writer.wait_room)
+            await self.writer.wait_room()
 
     def record_nowait(self, gid: int, slot: int, attempt: int, samples: list[Sample]) -> bool:
         """:meth:`record` without waiting: False (nothing queued) when the queue is full,
@@ -325,17 +327,19 @@ class Journal(AsyncResource):
         # Encoded here, on the loop (5-10 us a 512-token sample, in C): the writer then
         # holds the GIL for nothing but a few calls, and the sample is the one the call
         # returned, not one the scorer or the trainer changed since.
-        row = (gid, slot, attempt, status, encode_samples(samples))
-        return writer.put(Write(None, samples=len(samples), counted=True, row=row))
+        blob = encode_samples(samples)
+        return writer.row(gid, slot, attempt, status, blob, samples=len(samples))
 
     def progress(self, gid: int, slot: int, attempt: int, sample: Sample) -> bool:
         """Record ``sample`` in flight (its output so far, ABORTED) as place ``slot`` of
         group ``gid`` under ``attempt``, replacing that attempt's earlier progress; the
         call's own record replaces it when the call ends. Never waits: with the queue full
         it is skipped (False; ``progress_skipped`` counts it)."""
-        row = (gid, slot, attempt, sample.status.value, encode_samples([sample]))
+        blob = encode_samples([sample])
         writer = self.writer
-        if writer.error is None and writer.put(Write(None, counted=True, row=row)):
+        if writer.error is None and writer.row(
+            gid, slot, attempt, sample.status.value, blob, samples=0
+        ):
             self.progress_written += 1
             return True
         self.progress_skipped += 1
@@ -346,13 +350,7 @@ class Journal(AsyncResource):
         if not verdicts:
             return
         rows = [(v, r, g) for g, v, r in verdicts]
-        self._submit(
-            Write(
-                lambda c: c.executemany(
-                    "UPDATE groups SET verdict = ?, reason = ? WHERE gid = ?", rows
-                )
-            )
-        )
+        self.writer.statements([("UPDATE groups SET verdict = ?, reason = ? WHERE gid = ?", rows)])
 
     async def hand(
         self, groups: Sequence[tuple[int, list[Sample], list[tuple[int, int] | None]]]
@@ -362,18 +360,14 @@ class Journal(AsyncResource):
         (:meth:`record`) if it was, so only what changed since is written again. Raises
         :class:`~miles_lite.errors.JournalError` when it cannot be written."""
         session = self.session
-
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.executemany(
+        statements: Statements = [
+            (
                 "INSERT INTO handed (gid, session, blob) VALUES (?, ?, ?)",
                 [(gid, session, encode_handed(g, refs)) for gid, g, refs in groups],
-            )
-            conn.executemany(
-                "UPDATE groups SET verdict = 'handed' WHERE gid = ?",
-                [(g,) for g, _, _ in groups],
-            )
-
-        await self._durable(Write(apply, samples=sum(len(g) for _, g, _ in groups), durable=True))
+            ),
+            ("UPDATE groups SET verdict = 'handed' WHERE gid = ?", [(g,) for g, _, _ in groups]),
+        ]
+        await self.writer.write_durably(statements, samples=sum(len(g) for _, g, _ in groups))
 
     async def commit(self, step: int, batch: TrainingBatch | None = None) -> None:
         """Mark every group handed and not yet committed as consumed by ``step`` (call it
@@ -389,26 +383,19 @@ class Journal(AsyncResource):
         digest = None if batch is None else batch_digest(batch)
         packed = int(batch is not None and batch.packed)
         dtype = None if batch is None else str(batch.rollout_log_probs.dtype).split(".")[-1]
-        session = self.session
-
-        def apply(conn: sqlite3.Connection) -> None:
-            cursor = conn.execute("UPDATE handed SET step = ? WHERE step IS NULL", (step,))
-            conn.execute(
-                "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (step, digest, packed, dtype, cursor.rowcount, session, time.time()),
-            )
-
-        await self._durable(Write(apply, durable=True))
+        counted = "(SELECT count(*) FROM handed WHERE step IS NULL)"
+        statements: Statements = [
+            (
+                f"INSERT INTO steps VALUES (?, ?, ?, ?, {counted}, ?, ?)",
+                [(step, digest, packed, dtype, self.session, time.time())],
+            ),
+            ("UPDATE handed SET step = ? WHERE step IS NULL", [(step,)]),
+        ]
+        await self.writer.write_durably(statements)
 
     async def flush(self) -> None:
         """Wait until everything queued so far is durable."""
-        await self._durable(Write(lambda c: None, durable=True))
-
-    async def _durable(self, write: Write) -> None:
-        done: Future[None] = Future()
-        write.done = done
-        self.writer.put(write)
-        await asyncio.wrap_future(done)  # the writer resolves it
+        await self.writer.write_durably([])
 
     # -- reading -----------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
 """Real SIGKILLs: a trainer killed at seeded random points (generating, just handed a group,
 training, committing, updating weights) and restarted on the same journal trains on every
-prompt exactly once; a journal file killed mid-transaction reads back consistent."""
+prompt exactly once; a journal file killed mid-transaction (its writer process with the
+trainer, or the trainer alone, its writer dying with it) reads back consistent."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import sqlite3
@@ -107,7 +109,7 @@ async def main(path):
         if state.handed:  # handed before the kill: the step in flight commits them
             step += 1
             await journal.commit(step)
-        print("ready", flush=True)
+        print("ready", journal.writer.pid, flush=True)
         while True:
             groups = [[Sample(index=j, prompt=f"p{step}-{g}", metadata={"prompt_id": f"{step}-{g}"})
                        for j in range(4)] for g in range(3)]
@@ -136,22 +138,51 @@ def test_a_journal_killed_mid_transaction_reads_back_consistent(tmp_path: Path) 
     path = tmp_path / "run.db"
     rng = random.Random(3)
     steps = []
-    for _ in range(5):
+    for life in range(6):
         with subprocess.Popen(
-            [sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", _WRITER, str(path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         ) as child:
-            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+            assert child.stdout is not None
+            ready, writer = child.stdout.readline().split()
+            assert ready == "ready"
             time.sleep(rng.uniform(0.2, 0.6))  # mid-run: sample writes, hand-offs, commits
-            child.send_signal(signal.SIGKILL)
-            child.wait()
+            if life % 2:
+                # The trainer alone: its journal's writer process dies with it.
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+                wait_gone(int(writer))
+            else:
+                # The whole process group: the writer is killed mid-transaction too.
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                wait_gone(int(writer))
         state = read_resume(path)  # quick_check passes, nothing half-read
         assert state.step is not None
-        steps.append(state.step)
-        # Each committed step is whole: its three groups of four samples, as written.
-        for step in range(1, state.step + 1):
+        # Each step committed in this life is whole: its three groups of four samples, as
+        # written (an earlier life's were read after it).
+        for step in range((steps or [0])[-1] + 1, state.step + 1):
             groups = read_step(path, step).groups
             assert [len(g) for g in groups] == [4, 4, 4]
             assert all(s.response_length == 2000 for g in groups for s in g)
         # Handed and not committed: only the groups of the one step in flight.
         assert len(state.handed) in (0, 3)
+        steps.append(state.step)
     assert steps == sorted(steps) and steps[-1] > steps[0]
+
+
+def wait_gone(pid: int) -> None:
+    """Until process ``pid`` (not a child of this one) no longer exists (10 s at most)."""
+    deadline = time.monotonic() + 10
+    stat = Path(f"/proc/{pid}/stat")
+    while True:
+        try:
+            os.kill(pid, 0)
+            if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return  # dead, not yet reaped by whoever adopted it
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        assert time.monotonic() < deadline, f"process {pid} outlived its trainer"
+        time.sleep(0.01)

@@ -1,0 +1,79 @@
+"""The journal's writer process: it ends with the journal, a killed one fails every later
+write with a typed error (and the journal still closes), one that cannot open the file
+fails the open, and its CPU is its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from miles_lite.errors import JournalError
+from miles_lite.training import Journal
+from miles_lite.training._writer import Writer
+from miles_lite.types import Sample, SampleStatus
+
+pytestmark = pytest.mark.anyio
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def sample(index: int) -> Sample:
+    s = Sample(index=index, prompt="p", status=SampleStatus.COMPLETED)
+    s.tokens, s.response_length, s.rollout_log_probs = list(range(600)), 512, [-0.5] * 512
+    return s
+
+
+async def test_the_writer_process_applies_what_was_sent_and_ends_with_the_journal(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "run.db"
+    async with Journal(path) as journal:
+        pid = journal.writer.pid
+        assert pid is not None and pid != os.getpid() and alive(pid)
+        (gid,) = journal.give([[sample(0), sample(1)]], rollout_id=0)
+        for place in range(2):
+            assert journal.record_nowait(gid, place, journal.next_attempt(), [sample(place)])
+        await journal.flush()
+        stats = journal.statistics()
+        assert stats.samples == 2 and stats.transactions >= 1 and stats.durable >= 1
+        assert stats.cpu_s > 0  # the writer process's own CPU, reported in its acks
+    assert not alive(pid)  # closed: applied, ended and reaped
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM samples").fetchone()[0] == 2
+
+
+async def test_a_killed_writer_fails_later_writes_with_a_typed_error(tmp_path: Path) -> None:
+    path = tmp_path / "run.db"
+    async with Journal(path) as journal:
+        (gid,) = journal.give([[sample(0)]], rollout_id=0)
+        await journal.flush()
+        pid = journal.writer.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(JournalError, match="writer process ended unexpectedly"):
+            await journal.flush()
+        # A generate call's record is no place to fail the run: it is dropped, and the
+        # hand-off (which the trainer waits for) raises.
+        assert journal.record_nowait(gid, 0, journal.next_attempt(), [sample(0)])
+        with pytest.raises(JournalError, match="writer process ended unexpectedly"):
+            await journal.hand([(gid, [sample(0)], [None])])
+    assert not alive(pid)
+    with sqlite3.connect(path) as conn:  # what was acknowledged is there
+        assert conn.execute("SELECT count(*) FROM groups").fetchone()[0] == 1
+
+
+async def test_a_writer_that_cannot_open_the_file_fails_the_start(tmp_path: Path) -> None:
+    writer = Writer(str(tmp_path / "no-such-folder" / "run.db"), max_bytes=None, queue_size=8)
+    with pytest.raises(JournalError, match="unable to open"):
+        await writer.start()
+    assert writer.pid is None  # ended and reaped
