@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import anyio
 import msgpack
 
 from miles_lite.errors import JournalError
@@ -158,7 +159,8 @@ class Writer:
         try:
             await ready
         except BaseException:
-            await self._end_process()
+            with anyio.CancelScope(shield=True):  # reaped even when cancelled
+                await self._end_process()
             raise
 
     async def close(self) -> None:
@@ -179,7 +181,8 @@ class Writer:
             self._loop.remove_reader(self._acks)
             self._loop.remove_writer(self._data)
         if process.returncode is None and not self._closing:
-            process.kill()  # it failed to start: nothing of it is waited for
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                process.kill()  # it failed to start: nothing of it is waited for
         await process.wait()
         for fd in (self._data, self._acks):
             with contextlib.suppress(OSError):
