@@ -324,9 +324,9 @@ class Journal(AsyncResource):
         if writer.error is not None:
             return True
         status = samples[0].status.value if samples else "pending"
-        # Encoded here, on the loop (5-10 us a 512-token sample, in C): the writer then
-        # holds the GIL for nothing but a few calls, and the sample is the one the call
-        # returned, not one the scorer or the trainer changed since.
+        # Encoded here, on the loop (5-10 us a 512-token sample, in C): it crosses to the
+        # writer process as bytes, and the sample is the one the call returned, not one
+        # the scorer or the trainer changed since.
         blob = encode_samples(samples)
         return writer.row(gid, slot, attempt, status, blob, samples=len(samples))
 

@@ -34,6 +34,7 @@ from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
 from miles_lite.text.context import TextContext
 from miles_lite.types import SampleStatus
 from tests.support.polling import wait_until
+from tests.support.processes import alive
 
 from . import agents
 from .conftest import RULES, TOOLS, Claudes, Clients
@@ -376,7 +377,7 @@ async def test_idle_sessions_expire_and_leaving_stops_every_worker(
         assert (await s.server.collect_statistics()).expired == 6
         with pytest.raises(openai.NotFoundError):
             await clients(abandoned[1].base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
-    assert s.server.worker_pids() == [] and not [p for p in pids if _alive(p)]
+    assert s.server.worker_pids() == [] and not [p for p in pids if alive(p)]
 
 
 async def test_a_worker_that_dies_is_replaced_and_the_rollout_goes_on(
@@ -410,14 +411,6 @@ async def test_a_worker_that_dies_is_replaced_and_the_rollout_goes_on(
         await clients(session.base_url).chat.completions.create(model="m", messages=HI)  # type: ignore[arg-type]
         assert len(await server.close_session(session.id)) == 1
     assert len(await server.close_session(sessions[1].id)) == 2
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _serves(pid: int, base: str) -> bool:

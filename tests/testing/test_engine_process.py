@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import socket
 import urllib.error
 import urllib.request
@@ -13,15 +12,8 @@ import anyio.to_thread
 import pytest
 
 from miles_lite.testing import EngineProcess, EngineProcessGroup, StandInConfig, StandInError
+from tests.support.processes import alive
 from tests.testing.replies import get, post
-
-
-def pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def generate(url: str) -> int:
@@ -50,7 +42,7 @@ def test_engine_process_serves_and_stops_cleanly() -> None:
         assert stats["requests_served"] == 1 and stats["requests_failed"] == 1
         with pytest.raises(urllib.error.HTTPError):
             engine.set_faults(bogus=1)
-    assert not engine.is_alive() and not pid_exists(pid)
+    assert not engine.is_alive() and not alive(pid)
     assert multiprocessing.active_children() == []
     with pytest.raises(StandInError, match="create a new one"):
         engine.start()
@@ -81,7 +73,7 @@ async def test_engine_process_group_in_async_code(session: aiohttp.ClientSession
         orphan._conn.close()
         await anyio.to_thread.run_sync(orphan._process.join, 10)
         assert orphan._process.exitcode == 0
-    assert all(pid is not None and not pid_exists(pid) for pid in pids)
+    assert all(pid is not None and not alive(pid) for pid in pids)
     assert multiprocessing.active_children() == []
 
 

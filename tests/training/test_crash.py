@@ -22,6 +22,7 @@ from miles_lite import SampleStatus
 from miles_lite.training import read_resume, read_step, replay_step
 from miles_lite.training.codec import decode_samples
 from miles_lite.training.reader import handed_group
+from tests.support.processes import wait_gone
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = 100
@@ -171,18 +172,3 @@ def test_a_journal_killed_mid_transaction_reads_back_consistent(tmp_path: Path) 
         assert len(state.handed) in (0, 3)
         steps.append(state.step)
     assert steps == sorted(steps) and steps[-1] > steps[0]
-
-
-def wait_gone(pid: int) -> None:
-    """Until process ``pid`` (not a child of this one) no longer exists (10 s at most)."""
-    deadline = time.monotonic() + 10
-    stat = Path(f"/proc/{pid}/stat")
-    while True:
-        try:
-            os.kill(pid, 0)
-            if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return  # dead, not yet reaped by whoever adopted it
-        except (ProcessLookupError, FileNotFoundError):
-            return
-        assert time.monotonic() < deadline, f"process {pid} outlived its trainer"
-        time.sleep(0.01)

@@ -15,16 +15,9 @@ from miles_lite.errors import JournalError
 from miles_lite.training import Journal
 from miles_lite.training._writer import Writer
 from miles_lite.types import Sample, SampleStatus
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.anyio
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def sample(index: int) -> Sample:
