@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import os
 import sqlite3
 import subprocess
@@ -69,6 +70,8 @@ ROW, STATEMENTS, CLOSE = 0, 1, 2
 #: 512-token records (about 5 KB each) fits without the loop waiting for room.
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
+#: Frames one ``writev`` takes at most (within every system's IOV_MAX).
+_IOV_MAX = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,7 @@ class Writer:
         self._process: asyncio.subprocess.Process | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._data = self._acks = -1
-        self._out = bytearray()
+        self._out: deque[bytes | memoryview] = deque()  # frames not yet in the pipe
         self._flushing = False  # a flush is scheduled, or the loop waits for the pipe
         self._packer = msgpack.Packer(use_bin_type=True)
         self._unpacker = msgpack.Unpacker(raw=False)
@@ -259,7 +262,7 @@ class Writer:
     # -- the pipes -----------------------------------------------------------------------
 
     def _send(self, frame: list[Any]) -> None:
-        self._out += self._packer.pack(frame)
+        self._out.append(self._packer.pack(frame))
         self._sent += 1
         if not self._flushing:
             self._flushing = True
@@ -267,15 +270,27 @@ class Writer:
             self._loop.call_soon(self._flush)  # once a loop step, for every write of it
 
     def _flush(self) -> None:
+        """Hand what was sent to the pipe, gathered (``writev``: no copy into one buffer);
+        what the pipe has no room for waits for it to drain."""
         out = self._out
-        if out and self._data >= 0:
+        while out and self._data >= 0:
+            chunks = list(itertools.islice(out, _IOV_MAX))
             try:
-                written = os.write(self._data, out)
+                written = os.writev(self._data, chunks)
             except BlockingIOError:
-                written = 0
+                break
             except OSError:  # the writer is gone: its end is read from the other pipe
-                written = len(out)
-            del out[:written]
+                out.clear()
+                break
+            for chunk in chunks:
+                if len(chunk) > written:
+                    out[0] = memoryview(chunk)[written:]
+                    break
+                written -= len(chunk)
+                out.popleft()
+            else:
+                continue  # all of it taken: the next chunks, if any
+            break  # the pipe is full
         if out and self._data >= 0:
             assert self._loop is not None
             self._loop.add_writer(self._data, self._flush_when_writable)

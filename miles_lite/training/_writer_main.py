@@ -2,13 +2,14 @@
 
     python -m miles_lite.training._writer_main PATH MAX_BYTES DATA_FD ACKS_FD PARENT_PID
 
-Reads msgpack-packed writes from ``DATA_FD`` and applies what one read brought (after
-gathering for up to 20 ms unless a durable write waits: sample records not yet committed
-at a crash are made again, a durable write is never held) in one transaction, then writes
-a cumulative acknowledgement to ``ACKS_FD``: ``[writes taken, sample records taken, writes
-applied, samples applied, transactions, durable transactions, CPU seconds since the file
-was open, error]`` (the first one, all zeros, once the file is open). Ends after a ``CLOSE`` write, or at
-once when its parent is gone (the pipe's end, or ``PR_SET_PDEATHSIG`` on Linux), with no
+Reads msgpack-packed writes from ``DATA_FD`` and applies what one read brought in one
+transaction: after gathering for up to 20 ms, unless a durable write waits (it is never
+held) or the read was large (writes are backlogged). Sample records not yet committed at a
+crash are made again. After each transaction it writes a cumulative acknowledgement to
+``ACKS_FD``: ``[writes taken, sample records taken, writes applied, samples applied,
+transactions, durable transactions, CPU seconds since the file was open, error]`` (the
+first one, all zeros, once the file is open). Ends after a ``CLOSE`` write, or at once
+when its parent is gone (the pipe's end, or ``PR_SET_PDEATHSIG`` on Linux), with no
 transaction left half-done that SQLite would not roll back.
 """
 
@@ -30,6 +31,9 @@ from miles_lite.training._writer import CLOSE, ROW, STATEMENTS, insert_rows
 #: How long the writer lets sample records gather after a read that holds no durable
 #: write, seconds: one transaction for many (the loop sends once a loop step).
 _GATHER_S = 0.02
+#: A read this large means writes are waiting already (the loop may be waiting for room):
+#: no gathering then.
+_BACKLOG_BYTES = 1 << 18
 _PR_SET_PDEATHSIG = 1
 
 
@@ -159,7 +163,12 @@ def main(argv: list[str]) -> int:
             return 0  # the parent is gone without a close: nothing more is written
         unpacker.feed(chunk)
         batch = list(unpacker)
-        if batch and batch[-1][0] != CLOSE and not any(f[0] == STATEMENTS and f[1] for f in batch):
+        if (
+            batch
+            and len(chunk) < _BACKLOG_BYTES
+            and batch[-1][0] != CLOSE
+            and not any(f[0] == STATEMENTS and f[1] for f in batch)
+        ):
             time.sleep(_GATHER_S)  # let more records come: one transaction for many
             os.set_blocking(data, False)
             try:

@@ -1,6 +1,6 @@
 """The journal's writer process: it ends with the journal, a killed one fails every later
 write with a typed error (and the journal still closes), one that cannot open the file
-fails the open, and its CPU is its own."""
+fails the open, its CPU is its own, and records past the pipe's room arrive whole."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from miles_lite.errors import JournalError
-from miles_lite.training import Journal
+from miles_lite.training import Journal, JournalConfig
 from miles_lite.training._writer import Writer
+from miles_lite.training.codec import decode_samples
 from miles_lite.types import Sample, SampleStatus
 from tests.support.processes import alive
 
@@ -70,3 +71,26 @@ async def test_a_writer_that_cannot_open_the_file_fails_the_start(tmp_path: Path
     with pytest.raises(JournalError, match="unable to open"):
         await writer.start()
     assert writer.pid is None  # ended and reaped
+
+
+async def test_records_past_the_pipes_room_arrive_whole_and_in_order(tmp_path: Path) -> None:
+    # 600 records of ~7 KB (4 MB) sent with no await between them: more than the pipe
+    # holds, so the loop's writes to it are partial and the rest waits for it to drain.
+    path = tmp_path / "run.db"
+    async with Journal(path, JournalConfig(queue_size=10_000)) as journal:
+        (gid,) = journal.give([[sample(0)]], rollout_id=0)
+        attempts = []
+        for place in range(600):
+            s = sample(place)
+            s.tokens = [place] * 600
+            attempts.append(journal.next_attempt())
+            assert journal.record_nowait(gid, place, attempts[-1], [s])
+        await journal.flush()
+        assert journal.statistics().samples == 600
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT * FROM samples ORDER BY rowid").fetchall()
+    assert len(rows) == 600
+    for place, row in enumerate(rows):
+        assert row[:4] == (gid, place, attempts[place], "completed")
+        (decoded,) = decode_samples(row[4])
+        assert decoded.tokens == [place] * 600
