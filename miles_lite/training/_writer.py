@@ -94,8 +94,8 @@ class WriterStatistics:
 class Writer:
     """The writer process of the journal at ``path`` (see the module docstring), driven
     from the event loop: ``await start()``, then :meth:`row`, :meth:`statements`,
-    :meth:`write_durably`, and ``await close()``. ``queue_size`` bounds the sample records sent
-    and not yet applied. Every method runs on the loop's thread."""
+    :meth:`write_durably`, and ``await close()``. ``queue_size`` bounds the sample records
+    sent and not yet applied. Every method runs on the loop's thread."""
 
     def __init__(self, path: str, *, max_bytes: int | None, queue_size: int) -> None:
         self._path = path
@@ -151,6 +151,15 @@ class Writer:
             self._process = await asyncio.create_subprocess_exec(
                 *command, pass_fds=(data_r, acks_w), stdin=subprocess.DEVNULL
             )
+        except BaseException as exc:
+            os.close(self._data)
+            os.close(self._acks)
+            self._data = self._acks = -1
+            if isinstance(exc, OSError):
+                raise JournalError(
+                    f"journal {self._path}: its writer process could not start: {exc}"
+                ) from exc
+            raise
         finally:
             os.close(data_r)
             os.close(acks_w)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,14 @@ async def test_records_past_the_pipes_room_arrive_whole_and_in_order(tmp_path: P
         assert row[:4] == (gid, place, attempts[place], "completed")
         (decoded,) = decode_samples(row[4])
         assert decoded.tokens == [place] * 600
+
+
+async def test_a_writer_that_cannot_be_started_is_a_typed_error_leaving_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(JournalError, match="writer process could not start"):
+        async with Journal(tmp_path / "run.db"):
+            pass
+    assert set(os.listdir("/proc/self/fd")) <= before
