@@ -5,10 +5,10 @@ a commit).
 
 Why a process: a writer thread shares the GIL with the event loop, and every hand-off
 between them stalls the loop (generate@512 in ``benchmarks/journal.py``: a writer thread
-that wrote nothing still cost 7-10% of the throughput; none, 1-3%). The process writes
-on the other core; the loop only appends each write, msgpack-packed, to a buffer it
-hands to a pipe once a loop step (one ``os.write`` for many), and reads the writer's
-acknowledgements from a second pipe (a reader callback: no thread, no await).
+that wrote nothing still cost 7-10% of the throughput; no writer at all, 1-7%). The
+process writes on the other core; the loop only appends each write, msgpack-packed, to
+the frames it hands to a pipe once a loop step (one ``writev`` for many), and reads the
+writer's acknowledgements from a second pipe (a reader callback: no thread, no await).
 
 A write is data: a sample record's row, or statements (SQL and its rows, run with
 ``executemany``). Acknowledgements are cumulative: after each transaction the writer
@@ -18,7 +18,8 @@ once its transaction is committed.
 After a failed transaction (a full disk, an I/O error) the writer keeps the error, fails
 that transaction's and every later write with it, and writes nothing more: the file stays
 as its last complete transaction left it. When the writer process ends unexpectedly
-(killed), every write not acknowledged fails with a :class:`JournalError` saying so. The
+(killed), the writes it did not acknowledge are lost (a durable one's wait fails) and
+every later write raises a :class:`JournalError` saying so. The
 writer dies with the process that started it (Linux: ``PR_SET_PDEATHSIG``; elsewhere when
 it reads the end of its pipe), so no write of a dead run lands after a restart opened the
 file.
