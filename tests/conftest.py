@@ -172,13 +172,14 @@ def separate_tier(
 
 
 #: What starts processes (worker pools, child engines, clusters, CLIs, notebooks, real
-#: servers), as a test module's source names it: such a module's tests are ``slow``.
+#: servers, a journal's writer), as a test module's source names it: such a module's tests are ``slow``.
 SLOW_SOURCE = re.compile(
     r"\b(subprocess|multiprocessing|ProcessPoolExecutor|open_process|ChildProcess"
     r"|\w*ProcessGroup|\w*EngineProcess|StandInProcess|RewardPool|ParserPool|WorkerPool|DaskRewardPool"
     r"|LocalCluster|parser_workers|reward_workers|fetch_in_parser|SGLangServer|SmgRouter"
-    r"|run_notebook|cli_generate|pytester)\b"
+    r"|run_notebook|cli_generate|pytester|Journal)\b"
     r"|\breward=[\"\w]"  # a rollout with a reward function starts a RewardPool
+    r"|\bjournal=(?!None)"  # a journal starts its writer process
 )
 #: What a test function calls that starts processes, where its module's other tests do
 #: not: the CLI in a child (tests/cli/conftest.py's ``cli``), the README's snippets (they
@@ -186,7 +187,16 @@ SLOW_SOURCE = re.compile(
 SLOW_CALLS = re.compile(r"\b(cli|pointed)\(")
 #: Fixtures (of the conftests) that start processes or pools of them.
 SLOW_FIXTURES = frozenset(
-    {"parser", "reward_pools", "cluster", "text_engine", "sglang_server", "sglang_url", "smg"}
+    {
+        "parser",
+        "reward_pools",
+        "cluster",
+        "text_engine",
+        "sglang_server",
+        "sglang_url",
+        "smg",
+        "journaled",
+    }
 )
 #: Tiers that start real servers (deselected unless asked for by their mark).
 SLOW_TIERS = tuple(

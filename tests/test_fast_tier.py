@@ -22,6 +22,8 @@ TESTS = Path(__file__).resolve().parent
         "engine/test_transport_contract.py",  # a ParserPool
         "testing/test_engine_process.py",  # stand-in engines in child processes
         "rewards/test_math_rewards.py",  # reward pools
+        "training/test_trust.py",  # a journal's writer process
+        "training/test_sample_rows.py",  # the same, through a rollout's journal=
     ],
 )
 def test_modules_that_start_processes_are_slow(module: str) -> None:
@@ -30,7 +32,12 @@ def test_modules_that_start_processes_are_slow(module: str) -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["engine/test_retry.py", "engine/test_mock_transport.py", "rewards/test_reward_values.py"],
+    [
+        "engine/test_retry.py",
+        "engine/test_mock_transport.py",
+        "rewards/test_reward_values.py",
+        "training/test_stream.py",
+    ],
 )
 def test_modules_on_one_event_loop_are_fast(module: str) -> None:
     assert not starts_processes(TESTS / module, {})
@@ -42,3 +49,4 @@ def test_the_cli_and_readme_snippets_are_slow_calls_and_tiers_are_slow() -> None
     assert not SLOW_CALLS.search("    client = EngineClient(config)")
     assert {tier.name for tier in SLOW_TIERS} == {"conformance", "chaos", "smg", "peer"}
     assert "reward_pools" in SLOW_FIXTURES
+    assert "journaled" in SLOW_FIXTURES  # a rollout with a journal: its writer process
