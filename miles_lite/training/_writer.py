@@ -96,10 +96,14 @@ class Writer:
     """The writer process of the journal at ``path`` (see the module docstring), driven
     from the event loop: ``await start()``, then :meth:`row`, :meth:`statements`,
     :meth:`write_durably`, and ``await close()``. ``queue_size`` bounds the sample records
-    sent and not yet applied. Every method runs on the loop's thread."""
+    sent and not yet applied; ``gather_s``: how long the writer lets writes gather into one
+    transaction (a durable write ends the wait). Every method runs on the loop's thread."""
 
-    def __init__(self, path: str, *, max_bytes: int | None, queue_size: int) -> None:
+    def __init__(
+        self, path: str, *, max_bytes: int | None, queue_size: int, gather_s: float = 0.02
+    ) -> None:
         self._path = path
+        self._gather_s = gather_s
         self._max_bytes = max_bytes
         self.limit = queue_size
         self.error: JournalError | None = None
@@ -145,6 +149,7 @@ class Writer:
             str(data_r),
             str(acks_w),
             str(os.getpid()),
+            repr(self._gather_s),
         ]
         try:
             # Started from the loop's thread, not a worker thread: PR_SET_PDEATHSIG

@@ -1,11 +1,12 @@
 """The journal's writer process (:mod:`~miles_lite.training._writer`):
 
-    python -m miles_lite.training._writer_main PATH MAX_BYTES DATA_FD ACKS_FD PARENT_PID
+    python -m miles_lite.training._writer_main PATH MAX_BYTES DATA_FD ACKS_FD PARENT_PID GATHER_S
 
-Reads msgpack-packed writes from ``DATA_FD`` and applies what one read brought in one
-transaction: after gathering for up to 20 ms, unless a durable write waits (it is never
-held) or the read was large (writes are backlogged). Sample records not yet committed at a
-crash are made again. After each transaction it writes a cumulative acknowledgement to
+Reads msgpack-packed writes from ``DATA_FD`` and applies them in one transaction a batch:
+what came within ``GATHER_S`` of the first write of the batch (20 ms from the journal), or
+less when a durable write or the close comes (held 2 ms at most) or writes are backlogged
+(the loop may be waiting for room). Sample records not yet committed at a crash
+are made again. After each transaction it writes a cumulative acknowledgement to
 ``ACKS_FD``: ``[writes taken, sample records taken, writes applied, samples applied,
 transactions, durable transactions, CPU seconds since the file was open, error]`` (the
 first one, all zeros, once the file is open). Ends after a ``CLOSE`` write, or at once
@@ -28,12 +29,11 @@ import msgpack
 
 from miles_lite.training._writer import CLOSE, ROW, STATEMENTS, insert_rows
 
-#: How long the writer lets sample records gather after a read that holds no durable
-#: write, seconds: one transaction for many (the loop sends once a loop step).
-_GATHER_S = 0.02
-#: A read this large means writes are waiting already (the loop may be waiting for room):
-#: no gathering then.
+#: Bytes that end a batch's gathering: writes are waiting already (the loop may be waiting
+#: for room).
 _BACKLOG_BYTES = 1 << 18
+#: How often a gathering writer looks for a durable write, seconds (its longest wait).
+_LOOK_S = 0.002
 _PR_SET_PDEATHSIG = 1
 
 
@@ -139,6 +139,11 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
+def _urgent(frames: list[list[Any]]) -> bool:
+    """Whether ``frames`` hold a durable write or the close (neither waits)."""
+    return any(f[0] == CLOSE or (f[0] == STATEMENTS and f[1]) for f in frames)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -146,7 +151,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def main(argv: list[str]) -> int:
-    path, max_bytes, data_fd, acks_fd, parent = argv
+    path, max_bytes, data_fd, acks_fd, parent, gather = argv
+    gather_s = float(gather)
     _die_with_parent(int(parent))
     data, acks = int(data_fd), int(acks_fd)
     try:
@@ -163,24 +169,30 @@ def main(argv: list[str]) -> int:
             return 0  # the parent is gone without a close: nothing more is written
         unpacker.feed(chunk)
         batch = list(unpacker)
-        if (
-            batch
-            and len(chunk) < _BACKLOG_BYTES
-            and batch[-1][0] != CLOSE
-            and not any(f[0] == STATEMENTS and f[1] for f in batch)
-        ):
-            time.sleep(_GATHER_S)  # let more records come: one transaction for many
+        got = len(chunk)
+        if batch and not _urgent(batch):
+            # Let more records come (one transaction for many), looking every few ms (not
+            # at every loop step's write: a wake-up each costs CPU on the loop's cores)
+            # whether a durable write or the close came, which end the wait.
+            deadline = time.monotonic() + gather_s
             os.set_blocking(data, False)
             try:
-                more = os.read(data, 1 << 20)
-            except BlockingIOError:
-                more = None
-            os.set_blocking(data, True)
-            if more == b"":
-                return 0
-            if more:
-                unpacker.feed(more)
-                batch.extend(unpacker)
+                while got < _BACKLOG_BYTES and (left := deadline - time.monotonic()) > 0:
+                    time.sleep(min(_LOOK_S, left))
+                    try:
+                        more = os.read(data, 1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not more:
+                        return 0  # the parent is gone: nothing more is written
+                    got += len(more)
+                    unpacker.feed(more)
+                    new = list(unpacker)
+                    batch.extend(new)
+                    if _urgent(new):
+                        break
+            finally:
+                os.set_blocking(data, True)
         closing = bool(batch) and batch[-1][0] == CLOSE
         if closing:
             batch.pop()

@@ -4,12 +4,14 @@ fails the open, its CPU is its own, and records past the pipe's room arrive whol
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from miles_lite.errors import JournalError
@@ -106,3 +108,22 @@ async def test_a_writer_that_cannot_be_started_is_a_typed_error_leaving_no_descr
         async with Journal(tmp_path / "run.db"):
             pass
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+async def test_a_durable_write_is_not_held_by_the_gathering(tmp_path: Path) -> None:
+    # Records gather for a minute in this writer; a durable write behind them ends the
+    # wait within milliseconds (the bound below is far under the minute, far over that).
+    path = tmp_path / "run.db"
+    async with Journal(path) as journal:
+        (gid,) = journal.give([[sample(0)]], rollout_id=0)
+        await journal.flush()
+    writer = Writer(str(path), max_bytes=None, queue_size=8, gather_s=60.0)
+    await writer.start()
+    try:
+        assert writer.row(gid, 0, 1, "completed", b"x", samples=1)
+        await asyncio.sleep(0.2)  # the row reached the writer, which now gathers
+        with anyio.fail_after(20):
+            await writer.write_durably([])
+        assert writer.statistics().samples == 1
+    finally:
+        await writer.close()
