@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from miles_lite import SampleStatus, TextRollout, TextRolloutConfig, TextSamplingParams
+from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.testing import SGLangServer, SGLangServerConfig, default_sglang_venv
@@ -224,17 +224,6 @@ def perturbed(model: Any, folder: Path, seed: int) -> Any:
         weight.add_(0.05 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed)))
     new.save_pretrained(str(folder))
     return new
-
-
-def failures(result: RolloutResult) -> list[BaseException]:
-    """The typed errors of the FAILED samples."""
-    return [
-        s.error
-        for part in (result.groups, result.filtered, result.partial)
-        for g in part
-        for s in g
-        if s.status is SampleStatus.FAILED and s.error is not None
-    ]
 
 
 def no_rid_reached_two(*rid_lists: list[str]) -> None:

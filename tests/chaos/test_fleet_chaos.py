@@ -18,13 +18,12 @@ import anyio
 import pytest
 
 from miles_lite.errors import EngineControlError, EngineTimeoutError
-from tests.support.outcomes import check_exactly_once, check_none_failed
+from tests.support.outcomes import check_exactly_once, check_none_failed, failures
 from tests.support.polling import wait_until
 
 from .conftest import (
     Fleet,
     chaos_rollout,
-    failures,
     no_rid_reached_two,
     perturbed,
     rescore,
