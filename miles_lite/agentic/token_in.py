@@ -24,11 +24,11 @@ __all__ = ["TokenIn"]
 
 class TokenIn:
     """The token-in half of a session server over ``threads`` (its tokenizer, with its
-    chat template, and the worker threads it runs in), counting in the server's ``counts`` (``templated_turns``,
-    ``token_in_turns``, ``recorded``). The appended messages' text comes from
-    :attr:`glue` (the template's per-role glue where proven) and is templated and encoded
-    in at most one worker-thread call a turn: none once the glue is proven and the text
-    short (:func:`~miles_lite.text.tokenize.ids_after_turn`)."""
+    chat template, and the worker threads it runs in), counting in the server's
+    ``counts`` (``templated_turns``, ``token_in_turns``, ``recorded``). The appended
+    messages' text comes from :attr:`glue` (the template's per-role glue where proven)
+    and is templated and encoded in at most one worker-thread call a turn: none once the
+    glue is proven and the text short (:func:`~miles_lite.text.tokenize.ids_after_turn`)."""
 
     def __init__(
         self, threads: TokenizerThreads, config: SessionServerConfig, counts: SessionCounters

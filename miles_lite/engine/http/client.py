@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -269,27 +269,16 @@ class EngineClient(AsyncResource):
         routed = route_headers(url)
         if routed is not None:
             headers = {**headers, **routed} if headers else routed
-        sent_headers = dict(headers) if headers else None
+        where = Attempt(method, url, path, request_id, timeouts, Progress())
+        request = Request(where, data, dict(headers) if headers else None)
         self._requests += 1
         try:
             if not retry:
-                where = Attempt(method, url, path, request_id, timeouts, Progress())
-                return await self._exchange(Request(where, data, sent_headers), allocator, on_chunk)
+                return await self._exchange(request, allocator, on_chunk)
             # A partial, not a closure: a nested function would make this call allocate a
             # cell per variable it reads on every request, retried or not (GC-tracked
             # objects that live as long as the request).
-            attempt = partial(
-                self._attempt,
-                method,
-                url,
-                path,
-                data,
-                request_id,
-                timeouts,
-                sent_headers,
-                allocator,
-                on_chunk,
-            )
+            attempt = partial(self._attempt, request, allocator, on_chunk)
             return await retry_call(
                 self._config.retry, attempt, rand=self._random.random, on_retry=self._on_retry
             )
@@ -299,20 +288,16 @@ class EngineClient(AsyncResource):
 
     async def _attempt(
         self,
-        method: str,
-        url: str,
-        path: str,
-        data: bytes | None,
-        request_id: str | None,
-        timeouts: Timeouts,
-        headers: dict[str, str] | None,
+        request: Request,
         into: BodyAllocator,
         on_chunk: Callable[[bytes], None] | None,
     ) -> RawResponse:
-        """One attempt of a call its client retries (see :meth:`_call`)."""
-        self._check_open(url=url, request_id=request_id)  # closed while backing off
-        where = Attempt(method, url, path, request_id, timeouts, Progress())
-        return await self._exchange(Request(where, data, headers), into, on_chunk)
+        """One attempt of ``request``, a call its client retries (see :meth:`_call`): its
+        own progress, so an error names what this attempt received."""
+        where = request.attempt
+        self._check_open(url=where.url, request_id=where.request_id)  # closed while backing off
+        fresh = Request(replace(where, progress=Progress()), request.body, request.headers)
+        return await self._exchange(fresh, into, on_chunk)
 
     def _on_retry(self, retry: int, error: Exception, delay_s: float) -> None:
         self._retries += 1
