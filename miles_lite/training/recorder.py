@@ -51,9 +51,10 @@ class RolloutJournal:
         self.n_samples = n_samples
         self.progress = progress
         self._gids: dict[int, list[int]] = {}  # per rollout id: the journal id of each group
-        # Samples whose generate call was recorded, by id: (group id, place, attempt, the
-        # sample, held so its id stays its own) until handed or the call ends.
-        self._recorded: dict[int, tuple[int, int, int, Sample]] = {}
+        # Per group id, until handed or its call ends: the sample whose generate call was
+        # recorded at each place, and that call's attempt. Two lists a group, not an object
+        # a sample: what lives as long as a request is what the collector keeps walking.
+        self._recorded: dict[int, tuple[list[Sample | None], list[int]]] = {}
 
     def begin(self, groups: Sequence[list[Sample]], rollout_id: int) -> None:
         """The groups of the call with ``rollout_id`` are given."""
@@ -69,19 +70,35 @@ class RolloutJournal:
         for group in groups:
             gid = self._group_gid(rollout_id, group)
             if gid is not None:
-                items.append((gid, group, [self._ref(gid, s) for s in group]))
+                items.append((gid, group, self._refs(gid, group)))
         if items:
             await self.journal.hand(items)
 
-    def _ref(self, gid: int, sample: Sample) -> tuple[int, int] | None:
-        found = self._recorded.pop(id(sample), None)
-        if found is None or found[0] != gid or found[3] is not sample:
-            return None
-        return found[1], found[2]
+    def _refs(self, gid: int, group: list[Sample]) -> list[tuple[int, int] | None]:
+        """The (place, attempt) each sample of ``group`` was recorded under (None: not
+        recorded as this very object); the group's records are forgotten."""
+        recorded = self._recorded.pop(gid, None)
+        if recorded is None:
+            return [None] * len(group)
+        samples, attempts = recorded
+        refs: list[tuple[int, int] | None] = []
+        for sample in group:
+            slot = next((k for k, s in enumerate(samples) if s is sample), None)
+            refs.append(None if slot is None else (slot, attempts[slot]))
+        return refs
 
     def recorded(self, gid: int, slot: int, attempt: int, sample: Sample) -> None:
         """``sample`` was recorded as (``gid``, ``slot``, ``attempt``)."""
-        self._recorded[id(sample)] = (gid, slot, attempt, sample)
+        recorded = self._recorded.get(gid)
+        if recorded is None:
+            size = max(self.n_samples, slot + 1)
+            recorded = self._recorded[gid] = ([None] * size, [0] * size)
+        samples, attempts = recorded
+        if slot >= len(samples):
+            grow = slot + 1 - len(samples)
+            samples.extend([None] * grow)
+            attempts.extend([0] * grow)
+        samples[slot], attempts[slot] = sample, attempt
 
     def end(self, rollout_id: int, result: RolloutResult) -> None:
         """The call ended with ``result`` (its kept groups handed): record its verdicts,
@@ -105,9 +122,8 @@ class RolloutJournal:
         result.metrics["journal/blocked_puts"] = float(stats.blocked_puts)
         result.metrics["journal/blocked_s"] = stats.blocked_s
         result.metrics["journal/writer_cpu_s"] = stats.cpu_s
-        gids = set(self._gids.pop(rollout_id, ()))
-        for key in [k for k, v in self._recorded.items() if v[0] in gids]:
-            del self._recorded[key]
+        for gid in self._gids.pop(rollout_id, ()):
+            self._recorded.pop(gid, None)
 
     def _group_gid(self, rollout_id: int, group: list[Sample]) -> int | None:
         if not group:
@@ -140,40 +156,54 @@ class JournaledKind:
         return self.kind.units(group)
 
     async def generate(self, unit: list[Sample], span: UnitSpan, run: RunContext) -> list[Sample]:
+        # Runs once a sample: no closure (its cells), no list of places for a unit of one.
         recorder = self.journal
-        attempt = recorder.journal.next_attempt()
+        journal = recorder.journal
+        attempt = journal.next_attempt()
+        if not unit:
+            return await self.kind.generate(unit, span, run)
         # Places (and the group) from the samples given: what comes back may be new objects.
         n = recorder.n_samples
-        places = [(s.group_index, s.index - s.group_index * n) for s in unit]
-        gid = recorder.gid(run.rollout_id, places[0][0]) if places else None
-        if unit:
-            known = unit[0].metadata.get(GROUP_KEY)
-            gid = known if isinstance(known, int) else gid
-        config = recorder.journal.config
+        first = unit[0]
+        known = first.metadata.get(GROUP_KEY)
+        gid = known if isinstance(known, int) else recorder.gid(run.rollout_id, first.group_index)
+        slot = first.index - first.group_index * n
+        slots = [s.index - s.group_index * n for s in unit] if len(unit) > 1 else None
         scope = None
-        if config.streams and recorder.progress is not None and gid is not None and len(unit) == 1:
-            journal, slot, group = recorder.journal, places[0][1], gid
-
-            def progress(snapshot: Sample) -> None:
-                journal.progress(group, slot, attempt, snapshot)
-
-            scope = recorder.progress(self.kind, unit[0], progress, config)
+        if gid is not None and slots is None and journal.config.streams:
+            scope = self._progress_scope(gid, slot, attempt, first)
         if scope is None:
             out = await self.kind.generate(unit, span, run)
         else:
             with scope:
                 out = await self.kind.generate(unit, span, run)
-        if gid is not None:
-            journal = recorder.journal
-            if len(out) == len(unit):
-                for sample, (_, slot) in zip(out, places, strict=True):
-                    # Queued without an await (a coroutine) per sample: one only when full.
-                    if not journal.record_nowait(gid, slot, attempt, [sample]):
-                        await journal.record(gid, slot, attempt, [sample])
-                    recorder.recorded(gid, slot, attempt, sample)
-            elif out and not journal.record_nowait(gid, places[0][1], attempt, list(out)):
-                await journal.record(gid, places[0][1], attempt, list(out))
+        if gid is None:
+            return out
+        if len(out) == len(unit):
+            for k, sample in enumerate(out):
+                place = slot if slots is None else slots[k]
+                # Queued without an await (a coroutine) per sample: one only when full.
+                if not journal.record_nowait(gid, place, attempt, [sample]):
+                    await journal.record(gid, place, attempt, [sample])
+                recorder.recorded(gid, place, attempt, sample)
+        elif out and not journal.record_nowait(gid, slot, attempt, list(out)):
+            await journal.record(gid, slot, attempt, list(out))
         return out
+
+    def _progress_scope(
+        self, gid: int, slot: int, attempt: int, sample: Sample
+    ) -> AbstractContextManager[None] | None:
+        """The scope streaming ``sample``'s generate call into the journal as it goes
+        (None: the kind does not stream)."""
+        recorder = self.journal
+        if recorder.progress is None:
+            return None
+        journal = recorder.journal
+
+        def progress(snapshot: Sample) -> None:
+            journal.progress(gid, slot, attempt, snapshot)
+
+        return recorder.progress(self.kind, sample, progress, journal.config)
 
     async def abort(self, run: RunContext, *, alone: bool) -> dict[str, float]:
         return await self.kind.abort(run, alone=alone)
