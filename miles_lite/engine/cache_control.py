@@ -60,7 +60,9 @@ async def flush_cache(
             attempts += 1
             left = deadline - time.monotonic()
             try:
-                await client.post(url, FLUSH_CACHE_PATH, {}, timeout_s=max(left, 1e-3), retry=False)
+                await client.post(
+                    url, FLUSH_CACHE_PATH, {}, timeout_s=max(left, 1e-3), retry=False, control=True
+                )
             except EngineStatusError as exc:
                 if exc.status != 400:
                     raise
@@ -116,7 +118,13 @@ async def _canary(
         payload = _canary_payload(key)
         rid = payload["rid"]
         answer = await client.post_json(
-            url, GENERATE_PATH, payload, request_id=rid, timeout_s=timeout_s, retry=False
+            url,
+            GENERATE_PATH,
+            payload,
+            request_id=rid,
+            timeout_s=timeout_s,
+            retry=False,
+            control=True,
         )
         cached = parse_generate_answer(answer, rid=rid, url=url).cached_tokens
         if expect_empty and cached:

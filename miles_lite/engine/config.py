@@ -111,6 +111,11 @@ class EngineClientConfig:
     max_connections: int = 256
     #: Open connections to one engine (<= max_connections).
     max_connections_per_host: int = 64
+    #: Connections to one engine kept apart for control calls (pause, weight loads and
+    #: versions, cache flushes, aborts, health probes): a control call never waits for a
+    #: connection that generations hold (a ``retract`` or ``in_place`` pause keeps them
+    #: open until the update it makes room for is done).
+    control_connections_per_host: int = 8
     #: Largest body accepted. Larger bodies are refused with ``BodyTooLargeError``: before
     #: reading when Content-Length says so, else as soon as the limit is crossed.
     max_body_bytes: int = 4 << 30
@@ -135,6 +140,7 @@ class EngineClientConfig:
         for name in (
             "max_connections",
             "max_connections_per_host",
+            "control_connections_per_host",
             "max_body_bytes",
             "read_chunk_bytes",
         ):

@@ -130,7 +130,9 @@ async def abort_requests(
                     if time.monotonic() - last_sent >= resend_interval_s:
                         sent += await _send_aborts(client, url, rids, abort_all, timeout_s)
                         last_sent = time.monotonic()
-                    loads = await client.get_json(url, LOADS_PATH, timeout_s=timeout_s, retry=False)
+                    loads = await client.get_json(
+                        url, LOADS_PATH, timeout_s=timeout_s, retry=False, control=True
+                    )
                 except EngineStatusError as exc:
                     error = f"cannot tell whether it is idle: {exc}"
                     break  # no /v1/loads here (an older engine): nothing more to learn
@@ -164,7 +166,9 @@ async def _send_aborts(
     """Send the aborts of one engine at once; raises the first failure, a plain error (not
     an exception group, so that the caller's retry loop sees it)."""
     if abort_all:
-        await client.post_json(url, ABORT_PATH, abort_all_body(), timeout_s=timeout_s, retry=False)
+        await client.post_json(
+            url, ABORT_PATH, abort_all_body(), timeout_s=timeout_s, retry=False, control=True
+        )
         return 1
     errors: list[MilesLiteError] = []
     async with anyio.create_task_group() as tg:
@@ -181,7 +185,13 @@ async def _abort_one(
     # One attempt: the loop re-sends every resend_interval_s while the engine is busy.
     try:
         await client.post_json(
-            url, ABORT_PATH, abort_body(rid), request_id=rid, timeout_s=timeout_s, retry=False
+            url,
+            ABORT_PATH,
+            abort_body(rid),
+            request_id=rid,
+            timeout_s=timeout_s,
+            retry=False,
+            control=True,
         )
     except MilesLiteError as exc:
         errors.append(exc)
@@ -195,7 +205,13 @@ async def abort_request(client: EngineClient, url: str, rid: str, *, timeout_s: 
     with anyio.move_on_after(timeout_s, shield=True):
         try:
             await client.post_json(
-                url, ABORT_PATH, abort_body(rid), request_id=rid, timeout_s=timeout_s, retry=False
+                url,
+                ABORT_PATH,
+                abort_body(rid),
+                request_id=rid,
+                timeout_s=timeout_s,
+                retry=False,
+                control=True,
             )
         except EngineError:
             return False
@@ -310,7 +326,9 @@ async def _post_all(
     says why an engine refused (an error for that engine), or None."""
 
     async def call(url: str) -> dict[str, Any]:
-        answer = await client.post_json(url, path, body, timeout_s=timeout_s, retry=False)
+        answer = await client.post_json(
+            url, path, body, timeout_s=timeout_s, retry=False, control=True
+        )
         _refused(action, url, check(answer))
         return {}
 
@@ -390,7 +408,9 @@ async def read_weight_versions(
     ``version``; an answer naming no version is an error for that engine."""
 
     async def call(url: str) -> dict[str, Any]:
-        info = await client.get_json(url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False)
+        info = await client.get_json(
+            url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False, control=True
+        )
         version = model_info_version(info)
         if version is None:
             raise EngineControlError(f"/model_info names no weight_version: {info!r:.200}")

@@ -195,7 +195,7 @@ class Fleet:
         with anyio.move_on_after(timeout_s):
             try:
                 info = await self._client.get_json(
-                    url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False
+                    url, MODEL_INFO_PATH, timeout_s=timeout_s, retry=False, control=True
                 )
             except EngineError:
                 return None

@@ -167,7 +167,11 @@ class SmgFront:
         is not a worker list; on success :attr:`workers` holds it.
         """
         answer = await self._client.get_json(
-            self.url, WORKERS_PATH, timeout_s=self._config.health_timeout_s, retry=False
+            self.url,
+            WORKERS_PATH,
+            timeout_s=self._config.health_timeout_s,
+            retry=False,
+            control=True,
         )
         self.workers = parse_workers(answer, self.url)
         self.last_error = None
@@ -185,7 +189,12 @@ class SmgFront:
         while True:
             try:
                 await self._client.post_json(
-                    self.url, WORKERS_PATH, {"url": url}, timeout_s=timeout_s, retry=False
+                    self.url,
+                    WORKERS_PATH,
+                    {"url": url},
+                    timeout_s=timeout_s,
+                    retry=False,
+                    control=True,
                 )
                 return
             except EngineStatusError as exc:

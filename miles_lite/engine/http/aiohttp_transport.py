@@ -191,12 +191,16 @@ class _AiohttpStream:
 
 
 class AiohttpTransport:
-    """The real transport: one aiohttp session with the client config's connection limits,
-    read buffer and headers, made on first use inside the running event loop."""
+    """The real transport: two aiohttp sessions with the client config's read buffer and
+    headers, made on first use inside the running event loop: one for generations
+    (``max_connections``, ``max_connections_per_host``), one for control calls
+    (``control_connections_per_host``), so that a control call never queues for a
+    connection behind generations (a pause holds them open until the update is done)."""
 
     def __init__(self, config: EngineClientConfig) -> None:
         self._config = config
         self._session: aiohttp.ClientSession | None = None
+        self._control: aiohttp.ClientSession | None = None
         # One aiohttp timeout object per set of bounds (the client has one, plus a few
         # per control call): made once, not per request.
         self._timeouts: dict[Timeouts, aiohttp.ClientTimeout] = {}
@@ -208,15 +212,19 @@ class AiohttpTransport:
         """The settings this transport was made with."""
         return self._config
 
-    def _open_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def _open_session(self, control: bool) -> aiohttp.ClientSession:
+        session = self._control if control else self._session
+        if session is None:
             config = self._config
+            per_host = (
+                config.control_connections_per_host if control else config.max_connections_per_host
+            )
             connector = aiohttp.TCPConnector(
                 limit=config.max_connections,
-                limit_per_host=config.max_connections_per_host,
+                limit_per_host=per_host,
                 keepalive_timeout=KEEPALIVE_S,
             )
-            self._session = aiohttp.ClientSession(
+            session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,
                 read_bufsize=config.read_chunk_bytes,
@@ -224,11 +232,18 @@ class AiohttpTransport:
                 trust_env=False,
                 headers=dict(config.headers),
             )
-        return self._session
+            if control:
+                self._control = session
+            else:
+                self._session = session
+        return session
 
     async def send(self, request: Request) -> ResponseStream:
         """Send ``request``; the answer once its headers are in (see :class:`AsyncTransport`)."""
-        session = self._session or self._open_session()
+        if request.control:
+            session = self._control or self._open_session(True)
+        else:
+            session = self._session or self._open_session(False)
         attempt = request.attempt
         timeout = self._timeouts.get(attempt.timeouts)
         if timeout is None:
@@ -253,10 +268,11 @@ class AiohttpTransport:
         return _AiohttpStream(response, attempt, started, self)
 
     async def aclose(self) -> None:
-        """Close the session and its connections (shielded, at most 5 s)."""
-        session, self._session = self._session, None
-        if session is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
+        """Close both sessions and their connections (shielded, at most 5 s)."""
+        sessions = [s for s in (self._session, self._control) if s is not None]
+        self._session = self._control = None
+        with anyio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
+            for session in sessions:
                 await session.close()
 
 

@@ -68,7 +68,9 @@ class EngineClient(AsyncResource):
     aiohttp session is made inside the running loop); after :meth:`aclose` (or outside
     the block) every call raises :class:`~miles_lite.errors.ClosedResourceError`. Use one
     client within one event loop; any number of tasks may share it; connections are
-    pooled (``max_connections``, ``max_connections_per_host``). ``transport`` replaces the
+    pooled (``max_connections``, ``max_connections_per_host``), and control calls
+    (``control=True``, :meth:`health`, :meth:`delete_json`) have a pool of their own
+    (``control_connections_per_host``). ``transport`` replaces the
     aiohttp one (a :class:`~miles_lite.engine.http.mock.MockTransport` in unit tests).
 
     Errors are typed and carry the engine ``url`` and the ``request_id``:
@@ -135,6 +137,7 @@ class EngineClient(AsyncResource):
         retry: bool = True,
         headers: Mapping[str, str] | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
+        control: bool = False,
     ) -> Coroutine[Any, Any, RawResponse]:
         """POST ``payload`` as JSON to ``url + path`` and return the 2xx answer unparsed.
 
@@ -144,14 +147,20 @@ class EngineClient(AsyncResource):
         asked for before reading; without one, chunks are gathered up to ``max_body_bytes``
         and copied into a buffer of the final size off the loop.
 
-        ``timeout_s`` is for control endpoints only (abort, loads, health, weight
-        updates): it replaces the total timeout for this call (seconds). Generations leave
-        it unset, so that the client config (``total_timeout_s``, ``read_timeout_s``,
-        ``max_body_bytes``) is the one owner of their limits.
+        ``timeout_s`` replaces the total timeout for this call (seconds): control calls
+        (abort, loads, health, weight updates) and agent turns bounded by their own
+        setting; generations otherwise leave it unset, so that the client config
+        (``total_timeout_s``, ``read_timeout_s``, ``max_body_bytes``) is the one owner of
+        their limits.
 
         Retryable failures (the request never reached the engine, or 502/503/504) are
         retried under ``config.retry`` on this engine; ``retry=False`` makes one attempt
         (:meth:`Router.call` retries on another engine instead).
+
+        ``control=True`` sends a control call (a flush, a pause, a weight load, an abort)
+        on connections of its own (``control_connections_per_host``): it never waits for
+        a connection generations hold (a ``retract`` or ``in_place`` pause keeps them
+        open until its update is done).
 
         ``headers`` are sent with this request only (over the config's ``headers``).
         ``on_chunk`` is given each piece of the body as it arrives (a streamed answer:
@@ -171,7 +180,7 @@ class EngineClient(AsyncResource):
         # (await it), one coroutine level less for every answer to wake.
         data = _json.dumps(payload)
         return self._call(
-            "POST", url, path, data, request_id, into, timeout_s, retry, headers, on_chunk
+            "POST", url, path, data, request_id, into, timeout_s, retry, headers, on_chunk, control
         )
 
     async def get_json(
@@ -183,14 +192,19 @@ class EngineClient(AsyncResource):
         timeout_s: float | None = None,
         retry: bool = True,
         headers: Mapping[str, str] | None = None,
+        control: bool = False,
     ) -> Any:
         """GET ``url + path`` and return the answer parsed as JSON (``None`` if empty).
 
         For control endpoints (``/model_info``, ``/v1/loads``). Retried and given
-        ``headers`` like :meth:`post`. Raises the errors of :meth:`post`, and
-        ``EngineProtocolError`` when the body is not JSON. Cancellation propagates.
+        ``headers`` like :meth:`post`. ``control``: a control call, on connections of
+        its own (``control_connections_per_host``), never queued behind generations.
+        Raises the errors of :meth:`post`, and ``EngineProtocolError`` when the body is
+        not JSON. Cancellation propagates.
         """
-        raw = await self._call("GET", url, path, None, request_id, None, timeout_s, retry, headers)
+        raw = await self._call(
+            "GET", url, path, None, request_id, None, timeout_s, retry, headers, control=control
+        )
         return _parse_json(raw, "GET", path)
 
     async def post_json(
@@ -203,23 +217,28 @@ class EngineClient(AsyncResource):
         timeout_s: float | None = None,
         retry: bool = True,
         headers: Mapping[str, str] | None = None,
+        control: bool = False,
     ) -> Any:
         """POST ``payload`` as JSON (no body if ``None``) and return the answer parsed as JSON.
 
         For ``/generate`` and control endpoints (``/abort_request``,
-        ``/pause_generation``); an empty answer gives ``None``. Retried and given
-        ``headers`` like :meth:`post` (``retry=False``: one attempt). Raises the errors of
-        :meth:`post`, and ``EngineProtocolError`` when the body is not JSON. Cancellation
-        propagates.
+        ``/pause_generation``: ``control=True``, as :meth:`get_json`); an empty answer
+        gives ``None``. Retried and given ``headers`` like :meth:`post` (``retry=False``:
+        one attempt). Raises the errors of :meth:`post`, and ``EngineProtocolError`` when
+        the body is not JSON. Cancellation propagates.
         """
         data = None if payload is None else _json.dumps(payload)
-        raw = await self._call("POST", url, path, data, request_id, None, timeout_s, retry, headers)
+        raw = await self._call(
+            "POST", url, path, data, request_id, None, timeout_s, retry, headers, control=control
+        )
         return _parse_json(raw, "POST", path)
 
     async def delete_json(self, url: str, path: str, *, timeout_s: float | None = None) -> Any:
-        """DELETE ``url + path`` (one attempt) and return the answer parsed as JSON (for
-        smg's ``/workers/{id}``); raises as :meth:`post_json`."""
-        raw = await self._call("DELETE", url, path, None, None, None, timeout_s, False, None)
+        """DELETE ``url + path`` (one attempt, a control call) and return the answer parsed
+        as JSON (for smg's ``/workers/{id}``); raises as :meth:`post_json`."""
+        raw = await self._call(
+            "DELETE", url, path, None, None, None, timeout_s, False, None, control=True
+        )
         return _parse_json(raw, "DELETE", path)
 
     async def health(
@@ -233,7 +252,7 @@ class EngineClient(AsyncResource):
         ``ConfigError`` for an invalid URL. Cancellation propagates.
         """
         try:
-            await self._call("GET", url, path, None, None, None, timeout_s, False)
+            await self._call("GET", url, path, None, None, None, timeout_s, False, control=True)
         except EngineError:
             return False
         return True
@@ -258,6 +277,7 @@ class EngineClient(AsyncResource):
         retry: bool,
         headers: Mapping[str, str] | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
+        control: bool = False,
     ) -> RawResponse:
         self._check_open(url=url, request_id=request_id)
         if timeout_s is None:
@@ -270,7 +290,7 @@ class EngineClient(AsyncResource):
         if routed is not None:
             headers = {**headers, **routed} if headers else routed
         where = Attempt(method, url, path, request_id, timeouts, Progress())
-        request = Request(where, data, dict(headers) if headers else None)
+        request = Request(where, data, dict(headers) if headers else None, control)
         self._requests += 1
         try:
             if not retry:
@@ -296,7 +316,7 @@ class EngineClient(AsyncResource):
         own progress, so an error names what this attempt received."""
         where = request.attempt
         self._check_open(url=where.url, request_id=where.request_id)  # closed while backing off
-        fresh = Request(replace(where, progress=Progress()), request.body, request.headers)
+        fresh = replace(request, attempt=replace(where, progress=Progress()))
         return await self._exchange(fresh, into, on_chunk)
 
     def _on_retry(self, retry: int, error: Exception, delay_s: float) -> None:

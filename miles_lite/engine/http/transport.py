@@ -24,11 +24,13 @@ __all__ = ["AsyncTransport", "Request", "ResponseStream"]
 class Request:
     """One request as a transport sends it: ``attempt`` names it in errors; ``body`` is
     JSON bytes (``None``: no body, a GET); ``headers`` are this request's own (a sticky
-    key for SGLang's router), sent over the client's."""
+    key for SGLang's router), sent over the client's; ``control``: a control call, sent
+    on connections generations never hold (``control_connections_per_host``)."""
 
     attempt: Attempt
     body: bytes | None = None
     headers: Mapping[str, str] | None = None
+    control: bool = False
 
     @property
     def method(self) -> str:
