@@ -179,20 +179,25 @@ async def _send_aborts(
     return len(rids)
 
 
+async def _post_abort(client: EngineClient, url: str, rid: str, timeout_s: float) -> None:
+    """``POST /abort_request`` of ``rid`` at ``url``: one attempt, a control call."""
+    await client.post_json(
+        url,
+        ABORT_PATH,
+        abort_body(rid),
+        request_id=rid,
+        timeout_s=timeout_s,
+        retry=False,
+        control=True,
+    )
+
+
 async def _abort_one(
     client: EngineClient, url: str, rid: str, timeout_s: float, errors: list[MilesLiteError]
 ) -> None:
     # One attempt: the loop re-sends every resend_interval_s while the engine is busy.
     try:
-        await client.post_json(
-            url,
-            ABORT_PATH,
-            abort_body(rid),
-            request_id=rid,
-            timeout_s=timeout_s,
-            retry=False,
-            control=True,
-        )
+        await _post_abort(client, url, rid, timeout_s)
     except MilesLiteError as exc:
         errors.append(exc)
 
@@ -204,15 +209,7 @@ async def abort_request(client: EngineClient, url: str, rid: str, *, timeout_s: 
     rollout's own abort repeats until the engine is idle)."""
     with anyio.move_on_after(timeout_s, shield=True):
         try:
-            await client.post_json(
-                url,
-                ABORT_PATH,
-                abort_body(rid),
-                request_id=rid,
-                timeout_s=timeout_s,
-                retry=False,
-                control=True,
-            )
+            await _post_abort(client, url, rid, timeout_s)
         except EngineError:
             return False
         return True
