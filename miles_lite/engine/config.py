@@ -107,9 +107,10 @@ class EngineClientConfig:
     read_timeout_s: float | None = 600.0
     #: Whole exchange. ``None`` only when ``read_timeout_s`` is set.
     total_timeout_s: float | None = 1800.0
-    #: Open connections across all engines.
+    #: Open connections across all engines (each of the two pools: generations, and
+    #: control calls).
     max_connections: int = 256
-    #: Open connections to one engine (<= max_connections).
+    #: Open connections to one engine for generations (<= max_connections).
     max_connections_per_host: int = 64
     #: Connections to one engine kept apart for control calls (pause, weight loads and
     #: versions, cache flushes, aborts, health probes): a control call never waits for a
