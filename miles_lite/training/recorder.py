@@ -81,9 +81,10 @@ class RolloutJournal:
         if recorded is None:
             return [None] * len(group)
         samples, attempts = recorded
+        slots = {id(s): k for k, s in enumerate(samples) if s is not None}  # held: ids unique
         refs: list[tuple[int, int] | None] = []
         for sample in group:
-            slot = next((k for k, s in enumerate(samples) if s is sample), None)
+            slot = slots.get(id(sample))
             refs.append(None if slot is None else (slot, attempts[slot]))
         return refs
 

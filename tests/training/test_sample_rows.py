@@ -4,6 +4,7 @@ and attempt is kept, and every record queued before a flush is in the file after
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 
 from miles_lite import SampleStatus
 from miles_lite.training import Journal, read_resume
+from miles_lite.training.codec import handed_entries
+from miles_lite.training.recorder import RolloutJournal
 from miles_lite.types import Sample
 
 pytestmark = pytest.mark.anyio
@@ -54,3 +57,33 @@ async def test_a_call_record_queued_after_its_progress_replaces_it(tmp_path: Pat
 def _sample_rows(path: Path) -> list[tuple[int, int, str]]:
     with sqlite3.connect(path) as conn:
         return conn.execute("SELECT gid, slot, status FROM samples ORDER BY gid, slot").fetchall()
+
+
+async def test_a_handed_sample_references_its_record_only_if_it_is_the_object_recorded(
+    tmp_path: Path,
+) -> None:
+    """What the rollout's recorder hands: a reference (place, attempt) for a sample that is
+    the very object its generate call's record was made from, the whole record for any
+    other (a copy, a sample from an earlier call); a group's references are forgotten once
+    handed."""
+    path = tmp_path / "run.db"
+    async with Journal(path) as journal:
+        recorder = RolloutJournal(journal, n_samples=3)
+        group = [Sample(index=j, prompt="p", seed=j) for j in range(3)]
+        recorder.begin([group], rollout_id=0)
+        gid = recorder.gid(0, 0)
+        assert gid is not None
+        done = [made([1, 2, 3], SampleStatus.COMPLETED) for _ in range(3)]
+        attempts = [journal.next_attempt() for _ in range(3)]
+        for slot in (0, 2):  # place 1 never recorded
+            assert journal.record_nowait(gid, slot, attempts[slot], [done[slot]])
+            recorder.recorded(gid, slot, attempts[slot], done[slot])
+        copy = dataclasses.replace(done[2])  # equal, but not the object recorded
+        await recorder.hand(0, [[done[0], done[1], copy]])
+        await recorder.hand(0, [[done[0], done[1], done[2]]])  # forgotten: whole records
+    with sqlite3.connect(path) as conn:
+        blobs = [b for (b,) in conn.execute("SELECT blob FROM handed ORDER BY rowid")]
+    first, second = (handed_entries(blob) for blob in blobs)
+    assert first[0][:2] == [0, attempts[0]]
+    assert isinstance(first[1], dict) and isinstance(first[2], dict)
+    assert all(isinstance(entry, dict) for entry in second)
