@@ -131,7 +131,8 @@ class Fleet:
         self._max_backoff_s = max_backoff_s
         self._tg: anyio.abc.TaskGroup | None = None
         self._catching: set[str] = set()  # catch-up tasks running
-        self._updating: set[str] = set()  # of those, pushing weights right now
+        # Of those, pushing weights right now: each try's end (set when it ended).
+        self._updating: dict[str, anyio.Event] = {}
         #: Engines whose catch-up from a source was given up (the source's version).
         self._gave_up: dict[str, WeightSource] = {}
         self._counts: dict[str, int] = dict.fromkeys(FleetStatistics.__slots__, 0)
@@ -202,10 +203,17 @@ class Fleet:
             return model_info_version(info)
         return None
 
-    async def check(self, engine: EngineSlot) -> str | None:
+    async def check(self, engine: EngineSlot, *, settle: bool = False) -> str | None:
         """After a passing probe of an engine out of rotation for its weights or its
         return: abort what it owes, read its version, admit or fence it (and start its
-        catch-up). The version it reported, or None."""
+        catch-up). The version it reported, or None.
+
+        An engine a catch-up is loading weights into is left to it (a version read
+        mid-load can come before the cache flush); ``settle`` waits for that try to end
+        first, so that what the engine reports then decides at once."""
+        trying = self._updating.get(engine.url) if settle else None
+        if trying is not None:
+            await trying.wait()
         version = await self.read_version(engine)
         if engine.url not in self._balancer.by_url or engine.draining:
             return version
@@ -290,11 +298,12 @@ class Fleet:
                 and not engine.draining
             ):
                 if engine.healthy:
-                    self._updating.add(engine.url)
+                    trying = self._updating[engine.url] = anyio.Event()
                     try:
                         version, why = await self._update_one(engine, source)
                     finally:
-                        self._updating.discard(engine.url)
+                        del self._updating[engine.url]
+                        trying.set()
                     if version == source.version:
                         self._count("catch_ups")
                         _log.info("engine %s caught up to %r", engine.url, version)

@@ -80,14 +80,16 @@ class FleetControl:
     async def check_versions(self) -> dict[str, str | None]:
         """Ask every engine out of rotation for its weights or its return for its version
         now (one bounded ``/model_info`` each, concurrently); those reporting the current
-        one rejoin the rotation. Returns what each reported (None: no answer)."""
+        one rejoin the rotation. One a catch-up is loading weights into is asked once that
+        try ended (a version read mid-load can come before its cache flush). Returns what
+        each reported (None: no answer)."""
         waiting = [
             e for e in self._balancer.engines if e.awaiting_version is not None or e.checking
         ]
         found: dict[str, str | None] = {}
 
         async def ask(engine: EngineSlot) -> None:
-            found[engine.url] = await self._fleet.check(engine)
+            found[engine.url] = await self._fleet.check(engine, settle=True)
 
         async with anyio.create_task_group() as tg:
             for engine in waiting:

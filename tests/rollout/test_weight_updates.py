@@ -195,6 +195,48 @@ async def test_in_place_marks_tokens_made_on_old_kv_and_new_requests_never_reuse
     assert "extra_key" not in requests[0] and requests[-1]["extra_key"] == "miles-lite-weights:1"
 
 
+async def test_check_versions_decides_at_once_for_an_engine_a_catch_up_is_loading(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """``router.check_versions()`` while a catch-up is loading weights into a fenced engine
+    (each try takes a second here) that meanwhile reports the current version another way:
+    it waits for that try to end, then the engine's answer decides (it rejoins at once).
+    Before, the engine was left to the catch-up: check_versions said it reports the
+    version, and it stayed out until a later health round."""
+    configs = (
+        TextStandInConfig(token_latency_s=0.01, policy=TinyModelPolicy(seed=0)),
+        TextStandInConfig(
+            token_latency_s=0.01,
+            policy=TinyModelPolicy(seed=0, hidden_size=16),
+            update_latency_s=1.0,
+        ),
+    )
+    settings = TextRolloutConfig(
+        sampling=LONG,
+        engines=EngineConfig(
+            # No health round in the test's time: only check_versions can admit it.
+            router=RouterConfig(max_inflight_per_engine=8, health_interval_s=60.0),
+            client=EngineClientConfig(retry=RetryPolicy(max_attempts=1)),
+        ),
+    )
+    async with (
+        TextStandInEngine(configs[0], tokenizer) as good,
+        TextStandInEngine(configs[1], tokenizer) as bad,
+        TextRollout.open([good.url, bad.url], tokenizer=tokenizer, config=settings) as rollout,
+    ):
+        assert good.model is not None
+        await saved(good.model.model, tmp_path / "v1", seed=1)  # does not fit hidden size 16
+        with pytest.raises(EngineControlError):
+            await rollout.update_weights(tmp_path / "v1", version="1")
+        # Its catch-up's first try (a second long) is loading; the version comes another way.
+        await rollout.router.client.post_json(
+            bad.url, "/update_weight_version", {"new_version": "1", "abort_all_requests": False}
+        )
+        assert await rollout.router.check_versions() == {bad.url: "1"}
+        assert rollout.router.healthy_urls == (good.url, bad.url)
+        assert rollout.router.statistics().fleet.catch_up_failures == 1  # the try it waited on
+
+
 async def test_an_engine_that_missed_the_update_leaves_rotation_until_it_reports_it(
     tiny_rollout: Open, tmp_path: Path
 ) -> None:
