@@ -68,7 +68,7 @@ Statements = list[tuple[str, list[tuple[Any, ...]]]]
 ROW, STATEMENTS, CLOSE = 0, 1, 2
 
 #: How large the loop asks the pipe to the writer to be (Linux; bytes): a burst of
-#: 512-token records (about 5 KB each) fits without the loop waiting for room.
+#: 512-token records (about 8 KB each) fits without the loop waiting for room.
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
 #: Frames one ``writev`` takes at most (within every system's IOV_MAX).
@@ -297,15 +297,13 @@ class Writer:
             except OSError:  # the writer is gone: its end is read from the other pipe
                 out.clear()
                 break
-            for chunk in chunks:
-                if len(chunk) > written:
-                    out[0] = memoryview(chunk)[written:]
-                    break
-                written -= len(chunk)
-                out.popleft()
-            else:
-                continue  # all of it taken: the next chunks, if any
-            break  # the pipe is full
+            full = written < sum(map(len, chunks))
+            while written and written >= len(out[0]):
+                written -= len(out.popleft())
+            if written:  # a frame taken in part
+                out[0] = memoryview(out[0])[written:]
+            if full:
+                break
         if out and self._data >= 0:
             assert self._loop is not None
             self._loop.add_writer(self._data, self._flush_when_writable)
