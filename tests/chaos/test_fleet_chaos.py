@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
+from miles_lite import TextSamplingParams
 from miles_lite.errors import EngineControlError, EngineTimeoutError
 from tests.support.outcomes import check_exactly_once, check_none_failed, failures
 from tests.support.polling import wait_until
@@ -209,7 +210,11 @@ async def test_an_engine_added_mid_rollout_is_caught_up_and_takes_the_next_updat
 async def test_a_removed_engine_takes_no_new_work_and_its_requests_finish_or_come_back(
     fleet: Fleet, tokenizer: Any, drain: bool
 ) -> None:
-    async with chaos_rollout(fleet, tokenizer) as rollout:
+    # Generations long enough to be in flight at the removal: with the default 32 tokens a
+    # wave can end between the server's log line and the removal, and then nothing is
+    # left to abort (seen once in CI on a loaded machine).
+    sampling = TextSamplingParams(max_new_tokens=96, extra={"ignore_eos": True})
+    async with chaos_rollout(fleet, tokenizer, sampling=sampling) as rollout:
         router = rollout.router
         before = len(fleet.received(1))
         async with anyio.create_task_group() as tg:
@@ -220,6 +225,8 @@ async def test_a_removed_engine_takes_no_new_work_and_its_requests_finish_or_com
 
             tg.start_soon(run)
             await received_more(fleet, 1, before)
+            # The rollout's own view: engine 1 holds requests now.
+            await wait_until(lambda: router.in_flight(fleet.urls[1]) > 0, timeout_s=60)
             await rollout.remove_engine(fleet.urls[1], drain=drain)
             assert router.urls == (fleet.urls[0],)
             at_removal = len(fleet.received(1))
