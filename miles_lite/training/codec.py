@@ -2,7 +2,8 @@
 
 One msgpack map per sample with short keys, encoded at C speed (msgspec): token ids as
 msgpack ints (1-5 bytes each), log-probs as float64 (a log-prob comes back bit for bit, so
-a training batch rebuilt from the journal hashes the same). Plain msgpack lists, not
+a training batch rebuilt from the journal hashes the same); a loss mask of ones as its
+length (it comes back as int ones: equal, and the training batch is the same). Plain msgpack lists, not
 ``array`` bytes: 5 us for a 512-token sample against 23 us. Diffusion
 tensors (``generated_output``, ``dit_trajectory``, ``denoising_env``, debug tensors, tensor
 log-probs) are referenced, not copied: the blob keeps each one's dtype and shape under
@@ -84,7 +85,7 @@ def _record(sample: Sample) -> dict[str, Any]:
         "t": sample.tokens,
         "rl": sample.response_length,
         "rs": sample.response,
-        "lm": sample.loss_mask,
+        "lm": _mask_record(sample.loss_mask),
         "lp": log_probs if isinstance(log_probs, list) else None,
         "wv": sample.weight_versions,
         "ws": [[w.version, w.start, w.end, w.kv_version] for w in sample.weight_spans],
@@ -112,6 +113,14 @@ def _record(sample: Sample) -> dict[str, Any]:
     if sample.generated_output is not None or sample.dit_trajectory is not None:
         record["tn"] = _tensor_refs(sample)
     return record
+
+
+def _mask_record(mask: list[int] | None) -> list[int] | int | None:
+    """A loss mask of ones (the usual one: every response token trained) as its length, at
+    C speed (about 0.5 us for 512 against 3 to encode the list); any other as it is."""
+    if mask and mask.count(1) == len(mask):
+        return len(mask)
+    return mask
 
 
 def encode_samples(samples: list[Sample]) -> bytes:
@@ -198,7 +207,7 @@ def _sample(record: dict[str, Any], group_index: int) -> Sample:
         tokens=record["t"],
         response=record["rs"],
         response_length=record["rl"],
-        loss_mask=record["lm"],
+        loss_mask=[1] * mask if isinstance(mask := record["lm"], int) else mask,
         rollout_log_probs=record["lp"],
         weight_versions=record["wv"],
         weight_spans=[WeightSpan(v, s, e, k) for v, s, e, k in record["ws"]],
