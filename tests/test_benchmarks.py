@@ -158,6 +158,9 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
     assert modes["agents-out-procs-latency@2"]["worker_cpu_ms_per_turn"] >= 0
     assert "worker_cpu_ms_per_turn" not in modes["agents-out-latency@2"]  # in-process
     assert modes["chat-latency@8"]["added_latency_p50_ms"] >= 0
+    # The zero-latency chat rows: the median of three direct / session-server pairs.
+    procs = modes["chat-aiohttp-procs@2"]
+    assert procs["pair_ratio_min"] <= procs["throughput_vs_direct"] <= procs["pair_ratio_max"]
     assert (
         modes["generate@8"]["served_twice"] == 0 and modes["generate@8"]["throughput_vs_bare"] > 0
     )
