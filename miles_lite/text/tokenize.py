@@ -138,10 +138,10 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 def _plain_backend(tokenizer: Any) -> Any | None:
     """The Rust tokenizer that ``tokenizer.encode(text, add_special_tokens=False)`` hands
     ``text`` to, when calling it directly is that very call without transformers' own
-    work around it (17 of 33 us for a turn's glue text, offsets not tracked): a ``TokenizersBackend``
-    (transformers 5) whose class encodes as transformers' own, with no truncation or
-    padding set on its backend and special tokens split as the tokenizer says. Else None
-    (the tokenizer's own ``encode`` is used)."""
+    work around it (17 of 33 us for a turn's glue text, offsets not tracked): a
+    ``TokenizersBackend`` (transformers 5) whose class encodes as transformers' own, with
+    no truncation or padding set on its backend and special tokens split as the tokenizer
+    says. Else None (the tokenizer's own ``encode`` is used)."""
     module = sys.modules.get("transformers.tokenization_utils_tokenizers")
     backend_cls = getattr(module, "TokenizersBackend", None)
     base = sys.modules.get("transformers.tokenization_utils_base")

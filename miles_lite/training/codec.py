@@ -3,8 +3,8 @@
 One msgpack map per sample with short keys, encoded at C speed (msgspec): token ids as
 msgpack ints (1-5 bytes each), log-probs as float64 (a log-prob comes back bit for bit, so
 a training batch rebuilt from the journal hashes the same); a loss mask of ones as its
-length (it comes back as int ones: equal, and the training batch is the same). Plain msgpack lists, not
-``array`` bytes: 5 us for a 512-token sample against 23 us. Diffusion
+length (it comes back as int ones: equal, and the training batch is the same). Plain
+msgpack lists, not ``array`` bytes: 5 us for a 512-token sample against 23 us. Diffusion
 tensors (``generated_output``, ``dit_trajectory``, ``denoising_env``, debug tensors, tensor
 log-probs) are referenced, not copied: the blob keeps each one's dtype and shape under
 ``metadata["journal_tensors"]`` of the decoded sample, and the tensor fields come back

@@ -21,8 +21,7 @@ from miles_lite.testing.text.model import TinyModel, TinyModelPolicy
 from miles_lite.testing.text.prefix_cache import PrefixCache
 from miles_lite.testing.text.stats import TextEngineStats
 from miles_lite.testing.text.templates import TemplateCache
-from miles_lite.testing.tokenizers import fast_decode, load_qwen3_tokenizer
-from miles_lite.text.tokenize import encode_text
+from miles_lite.testing.tokenizers import fast_decode, fast_encode, load_qwen3_tokenizer
 
 __all__ = ["EngineState"]
 
@@ -88,6 +87,6 @@ class EngineState:
         if len(text) <= _INLINE_CHARS:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         ids: list[int] = await anyio.to_thread.run_sync(
-            encode_text, self.tokenizer, text, limiter=self.tokenizing
+            fast_encode, self.tokenizer, text, limiter=self.tokenizing
         )
         return ids

@@ -16,7 +16,7 @@ import anyio
 import anyio.to_thread
 
 from miles_lite.testing.text.validate import ChatBadRequest
-from miles_lite.text.tokenize import encode_text
+from miles_lite.testing.tokenizers import fast_encode
 
 __all__ = ["TemplateCache"]
 
@@ -75,7 +75,7 @@ class TemplateCache:
             )
         except Exception as exc:  # jinja errors, a bad message, ...
             raise ChatBadRequest(f"cannot apply the chat template: {exc}") from exc
-        return encode_text(self.tokenizer, text)
+        return fast_encode(self.tokenizer, text)
 
 
 def _normalized(messages: list[Any]) -> list[Any]:
