@@ -99,7 +99,7 @@ async def ids_after_turn(
     role where proven, else the full render) and encoded: at most one worker-thread hop.
 
     On the loop, without a hop, when the glue is proven and the text at most
-    :data:`ON_LOOP_CHARS` long (a join of cached strings and an encode of 35-200 us: a
+    :data:`ON_LOOP_CHARS` long (a join of cached strings and an encode of 20-160 us: a
     hop costs ~70 us of CPU alone, and the GIL hand-offs it sets off cost the session
     server 0.5-1 ms of CPU a turn at 64 light agents on 2 loaded cores); the full render
     (Jinja), and the encoding of longer text, in one worker-thread call."""
