@@ -65,7 +65,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import anyio
@@ -132,6 +132,26 @@ class Measure:
             "peak_rss_mb": round(self.peak_rss_mb, 1),
             **{k: round(v, 4) for k, v in self.extra.items()},
         }
+
+
+R = TypeVar("R")
+
+
+def median_run(runs: list[R], pair: Callable[[R], tuple[Measure, Measure]]) -> R:
+    """The run whose (layer, baseline) ``pair`` has the median throughput ratio; with
+    several, the lowest and highest ratio of all go in its layer's notes
+    (``pair_ratio_min`` / ``pair_ratio_max``)."""
+
+    def ratio(run: R) -> float:
+        layer, baseline = pair(run)
+        return layer.rps / baseline.rps
+
+    ranked = sorted(runs, key=ratio)
+    chosen = ranked[len(ranked) // 2]
+    if len(ranked) > 1:
+        notes = pair(chosen)[0].extra
+        notes["pair_ratio_min"], notes["pair_ratio_max"] = ratio(ranked[0]), ratio(ranked[-1])
+    return chosen
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -504,12 +524,7 @@ async def run_chat(
             layer.baseline = bare.mode
             layer.extra["throughput_vs_direct"] = layer.rps / bare.rps
             runs.append(ChatRun(layer, bare, latencies, direct_latencies))
-    runs.sort(key=lambda r: r.layer.extra["throughput_vs_direct"])
-    chosen = runs[len(runs) // 2]
-    if pairs > 1:
-        chosen.layer.extra["pair_ratio_min"] = runs[0].layer.extra["throughput_vs_direct"]
-        chosen.layer.extra["pair_ratio_max"] = runs[-1].layer.extra["throughput_vs_direct"]
-    return chosen
+    return median_run(runs, lambda run: (run.layer, run.direct))
 
 
 #: The load child's answer lines can hold every turn's latency (bytes).
@@ -796,14 +811,10 @@ async def run_all(
                     zero_url, requests, c, args.output_tokens, args.prompt_tokens, f"bare@{c}"
                 )
                 pairs.append((layer, bare))
-            ratios = sorted(layer.rps / bare.rps for layer, bare in pairs)
-            layer, bare = sorted(pairs, key=lambda p: p[0].rps / p[1].rps)[len(pairs) // 2]
+            layer, bare = median_run(pairs, lambda pair: pair)
             layer.baseline = bare.mode
             layer.extra["served_twice"] = float(served_twice)
             layer.extra["throughput_vs_bare"] = layer.rps / bare.rps
-            if len(pairs) > 1:
-                layer.extra["pair_ratio_min"] = ratios[0]
-                layer.extra["pair_ratio_max"] = ratios[-1]
             out += [layer, bare]
         # Added latency: one wave of C requests held tokens x latency each (no queueing).
         c = args.latency_concurrency
