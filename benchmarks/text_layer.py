@@ -27,7 +27,9 @@ baseline in the same run:
   turns load what it loads lazily, once in a training run); ``--chat-pairs`` alternating
   direct / session-server pairs on one server, the pair of median ratio reported with
   the range of all (a pair is 512 turns, about half a second: one moves by 20-40% from
-  the next);
+  the next); ``--chat-rounds R``: each agent runs R sessions back to back, the sustained
+  rate instead of a burst of C sessions (a burst's direct arm moves the most: 4,000 to
+  7,900 turns/s here, where it sustains 6,500-7,800);
 - ``agents-out-procs@C`` / ``agents-out@C`` (``--agents-out-sessions``, default 256): the
   light agents in a load child process, as a harness runs its agents outside the rollout's
   process, against the session server in worker processes / in-process; this process
@@ -121,6 +123,7 @@ class Measure:
     def row(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
+            "requests": self.requests,
             "requests_per_s": round(self.rps, 1),
             "output_tokens_per_s": round(self.tokens_per_s, 1),
             "cpu_ms_per_1k_requests": round(1e6 * self.cpu_s / max(self.requests, 1), 1),
@@ -320,12 +323,14 @@ async def chat_turns(
     max_tokens: int,
     mode: str,
     latencies: list[float],
+    rounds: int = 1,
 ) -> Measure:
-    """``sessions`` agents at once, each ``turns`` chat turns with ``client`` (see
+    """``sessions`` agents at once, each running ``rounds`` sessions back to back (one, a
+    burst; more, the sustained rate) of ``turns`` chat turns with ``client`` (see
     :func:`chat_client`); each turn's end-to-end time goes to ``latencies``."""
     async with chat_client(client) as for_session, probe(mode, "") as m:
 
-        async def agent() -> None:
+        async def session() -> None:
             base_url, key = await base_url_for()
             send = for_session(base_url, key)
             messages: list[dict[str, Any]] = [{"role": "user", "content": "Solve the task."}]
@@ -340,6 +345,10 @@ async def chat_turns(
                     messages.append({"role": "tool", "content": f"result {turn}"})
             finally:
                 await close(key)
+
+        async def agent() -> None:
+            for _ in range(rounds):
+                await session()
 
         async with anyio.create_task_group() as tg:
             for _ in range(sessions):
@@ -483,11 +492,13 @@ async def run_chat(
     client: str = "openai",
     processes: int | Literal["auto"] = 0,
     pairs: int = 1,
+    rounds: int = 1,
 ) -> ChatRun:
     """``client`` straight to the engine, then through a session server (warmed up first,
     as a training run's is after its first turns), ``pairs`` times in turn on the same
     server: the pair of median ratio, with the lowest and highest ratio of all in the
-    layer's notes (``pair_ratio_min`` / ``pair_ratio_max``)."""
+    layer's notes (``pair_ratio_min`` / ``pair_ratio_max``). ``rounds``: sessions each
+    agent runs back to back (see :func:`chat_turns`)."""
 
     async def direct() -> tuple[str, str]:
         return f"{url}/v1", "none"
@@ -503,7 +514,15 @@ async def run_chat(
         for _ in range(pairs):
             direct_latencies: list[float] = []
             bare = await chat_turns(
-                direct, nothing, client, sessions, turns, max_tokens, direct_mode, direct_latencies
+                direct,
+                nothing,
+                client,
+                sessions,
+                turns,
+                max_tokens,
+                direct_mode,
+                direct_latencies,
+                rounds,
             )
             latencies: list[float] = []
             served.reset()
@@ -517,9 +536,10 @@ async def run_chat(
                 max_tokens,
                 f"{mode}@{sessions}",
                 latencies,
+                rounds,
             )
             workers.note(layer)
-            served.check(sessions)
+            served.check(sessions * rounds)
             served.note(layer)
             layer.baseline = bare.mode
             layer.extra["throughput_vs_direct"] = layer.rps / bare.rps
@@ -862,6 +882,7 @@ async def run_all(
                     mode,
                     client,
                     pairs=args.chat_pairs,
+                    rounds=args.chat_rounds,
                 )
                 chats.append(chat.layer)
                 out += [chat.layer, chat.direct]
@@ -879,6 +900,7 @@ async def run_all(
                     "aiohttp",
                     processes=_processes(args.chat_processes),
                     pairs=args.chat_pairs,
+                    rounds=args.chat_rounds,
                 )
                 out += [chat.layer, chat.direct]
         out += await run_agents_out_rows(args, zero_url, slow_url, tokenizer)
@@ -974,6 +996,13 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="direct / session-server pairs of the zero-latency chat rows; the median pair"
         " is reported",
+    )
+    parser.add_argument(
+        "--chat-rounds",
+        type=int,
+        default=1,
+        help="sessions each agent of the zero-latency chat rows runs back to back: 1 (the"
+        " default) measures a burst of C sessions; more, the sustained rate",
     )
     parser.add_argument("--chat-tokens", type=int, default=32)
     parser.add_argument(

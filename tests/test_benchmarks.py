@@ -121,6 +121,8 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
         "2",
         "--chat-turns",
         "2",
+        "--chat-rounds",
+        "2",
         "--turn-sweep",
         "4",
         "--agents-out-sessions",
@@ -158,7 +160,12 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
     assert modes["agents-out-procs-latency@2"]["worker_cpu_ms_per_turn"] >= 0
     assert "worker_cpu_ms_per_turn" not in modes["agents-out-latency@2"]  # in-process
     assert modes["chat-latency@8"]["added_latency_p50_ms"] >= 0
-    # The zero-latency chat rows: the median of three direct / session-server pairs.
+    # The zero-latency chat rows: the median of three direct / session-server pairs, each
+    # agent running two sessions back to back (every session checked closed with one
+    # record a turn in the run); the latency rows stay one session an agent.
+    for mode in ("chat-aiohttp@2", "aiohttp-direct@2", "chat-aiohttp-procs@2"):
+        assert modes[mode]["requests"] == 2 * 2 * 2, mode
+    assert modes["chat-latency@8"]["requests"] == 8 * 2
     procs = modes["chat-aiohttp-procs@2"]
     assert procs["pair_ratio_min"] <= procs["throughput_vs_direct"] <= procs["pair_ratio_max"]
     assert (
