@@ -1002,7 +1002,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="sessions each agent of the zero-latency chat rows runs back to back: 1 (the"
-        " default) measures a burst of C sessions; more, the sustained rate",
+        " default) measures a burst of C sessions; more, the sustained rate (the miles rows"
+        " stay a burst)",
     )
     parser.add_argument("--chat-tokens", type=int, default=32)
     parser.add_argument(
@@ -1051,6 +1052,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     args = parser.parse_args(argv)
+    if args.chat_rounds < 1:
+        parser.error(f"--chat-rounds must be at least 1, got {args.chat_rounds}")
     if args.serve_agents:  # the load child of the agents-out rows
         run_sync(serve_agents, args.chat_turns, args.chat_tokens)
         return 0

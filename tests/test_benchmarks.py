@@ -221,3 +221,16 @@ def test_a_quick_text_layer_run_never_writes_over_the_readme_chart() -> None:
     assert module.default_png(quick=False) == readme_chart
     assert module.default_png(quick=True).parent != readme_chart.parent
     assert "text_layer.png" in (ROOT / "README.md").read_text()
+
+
+def test_the_text_layer_benchmark_refuses_fewer_than_one_chat_round() -> None:
+    out = subprocess.run(
+        [sys.executable, "benchmarks/text_layer.py", "--chat-rounds", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "--chat-rounds must be at least 1, got 0" in out.stderr
