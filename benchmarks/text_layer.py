@@ -522,7 +522,7 @@ async def run_chat(
                 max_tokens,
                 direct_mode,
                 direct_latencies,
-                rounds,
+                rounds=rounds,
             )
             latencies: list[float] = []
             served.reset()
@@ -536,7 +536,7 @@ async def run_chat(
                 max_tokens,
                 f"{mode}@{sessions}",
                 latencies,
-                rounds,
+                rounds=rounds,
             )
             workers.note(layer)
             served.check(sessions * rounds)
