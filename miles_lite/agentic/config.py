@@ -106,8 +106,8 @@ class SessionServerConfig:
         ``"auto"`` is 1 on a machine of 1 or 2 cores, never 0: the worker shares a core
         with the rollout there, but the agents' parsing and templating no longer hold the
         rollout's loop between its steps, and the rollout's process spends less CPU a turn
-        (on 2 loaded cores, README "Agents": 0.54-0.70 ms against 0.90-1.20 in-process,
-        turns/s 0.31-0.41x of going straight to the engine against 0.23-0.31x)."""
+        (README "Agents"). On two cores the turns/s are not higher for it: the worker's
+        CPU comes from the same two cores (README "Text layer benchmark")."""
         if self.processes == "auto":
             return max(1, min(4, (os.cpu_count() or 1) - 1))
         return self.processes
