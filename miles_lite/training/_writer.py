@@ -150,6 +150,7 @@ class Writer:
             str(acks_w),
             str(os.getpid()),
             repr(self._gather_s),
+            str(self.limit),
         ]
         try:
             # Started from the loop's thread, not a worker thread: PR_SET_PDEATHSIG

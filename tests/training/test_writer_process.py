@@ -19,6 +19,7 @@ from miles_lite.training import Journal, JournalConfig
 from miles_lite.training._writer import Writer
 from miles_lite.training.codec import decode_samples
 from miles_lite.types import Sample, SampleStatus
+from tests.support.polling import wait_until
 from tests.support.processes import alive
 
 pytestmark = pytest.mark.anyio
@@ -125,5 +126,25 @@ async def test_a_durable_write_is_not_held_by_the_gathering(tmp_path: Path) -> N
         with anyio.fail_after(20):
             await writer.write_durably([])
         assert writer.statistics().samples == 1
+    finally:
+        await writer.close()
+
+
+async def test_records_filling_half_the_queue_end_the_gathering(tmp_path: Path) -> None:
+    # A writer that gathers for a minute commits two records at once when the queue takes
+    # four: the loop would otherwise soon wait for room the whole minute.
+    path = tmp_path / "run.db"
+    async with Journal(path) as journal:
+        (gid,) = journal.give([[sample(0), sample(1)]], rollout_id=0)
+        await journal.flush()
+    writer = Writer(str(path), max_bytes=None, queue_size=4, gather_s=60.0)
+    await writer.start()
+    try:
+        assert writer.row(gid, 0, 1, "completed", b"x", samples=1)
+        await asyncio.sleep(0.2)  # the first record reached the writer, which gathers
+        assert writer.statistics().samples == 0
+        assert writer.row(gid, 1, 1, "completed", b"y", samples=1)
+        await wait_until(lambda: writer.statistics().samples == 2, timeout_s=20)
+        assert writer.statistics().transactions == 1
     finally:
         await writer.close()
