@@ -1,6 +1,6 @@
 """The journal's writer process (:mod:`~miles_lite.training._writer`):
 
-    python -m miles_lite.training._writer_main PATH MAX_BYTES DATA_FD ACKS_FD PARENT_PID GATHER_S QUEUE
+    python -m miles_lite.training._writer_main PATH MAX_BYTES DATA_FD ACKS_FD PARENT GATHER_S QUEUE
 
 Reads msgpack-packed writes from ``DATA_FD`` and applies them in one transaction a batch:
 what came within ``GATHER_S`` of the first write of the batch (20 ms from the journal), or
