@@ -31,11 +31,9 @@ import msgpack
 from miles_lite.training._writer import CLOSE, ROW, STATEMENTS, insert_rows
 
 #: Bytes that end a batch's gathering: what one transaction holds at most, give or take a
-#: read. It used to be 256 KB, meant as "the loop may be waiting for room" (half the queue
-#: now says that): 30-40 records of 512 tokens a transaction. With 4 MB the 20 ms gather
-#: runs its course and the writer spends less CPU a record (each commit rewrites the
-#: table's last pages): at generate@512, 44 against 48 us a sample (medians of eight
-#: interleaved pairs); the throughput is the same within the noise.
+#: read. Large enough that at generate@512 the 20 ms gather runs its course: each commit
+#: rewrites the table's last pages, so fewer, larger transactions cost the writer less CPU
+#: a record (44 against 48 us a sample with 256 KB, README "Surviving a crash").
 _BATCH_BYTES = 1 << 22
 #: How often a gathering writer looks for a durable write, seconds (its longest wait).
 _LOOK_S = 0.002
@@ -117,7 +115,7 @@ class _Applier:
                 self.writes += len(batch)
                 self.samples += sum(frame[1] if frame[0] == ROW else frame[2] for frame in batch)
         self.taken += len(batch)
-        self.rows += sum(frame[0] == ROW for frame in batch)
+        self.rows += _rows(batch)
 
 
 def _apply_in_order(conn: sqlite3.Connection, batch: list[list[Any]]) -> None:

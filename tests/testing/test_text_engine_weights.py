@@ -31,9 +31,13 @@ async def flush(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         return resp.status, await resp.text()
 
 
+#: The prompt of every request here (and of the log-probs recomputed from it).
+PROMPT = [11, 12, 13, 14, 15]
+
+
 def long_body(n: int = 40, **extra: Any) -> dict[str, Any]:
     return {
-        "input_ids": [11, 12, 13, 14, 15],
+        "input_ids": list(PROMPT),
         "return_logprob": True,
         "sampling_params": {"max_new_tokens": n, "ignore_eos": True},
         **extra,
@@ -188,7 +192,7 @@ def _perturbed(module: Any, seed: int) -> Any:
 
 
 def _logprobs(module: Any, out: list[int]) -> list[float]:
-    prompt = [11, 12, 13, 14, 15]
+    prompt = PROMPT
     with torch.inference_mode():
         logits = module(input_ids=torch.tensor([[*prompt, *out]])).logits[0].float()
         all_lp = torch.log_softmax(logits, dim=-1)
@@ -201,7 +205,7 @@ def _stale_logprobs(old: Any, new: Any, out: list[int], cut: int) -> list[float]
     retract pause without a flush leaves."""
     import inspect
 
-    prompt = [11, 12, 13, 14, 15]
+    prompt = PROMPT
     # transformers >= 5.2x names the KV cache argument ``cache``; before, ``past_key_values``.
     key = "cache" if "cache" in inspect.signature(new.forward).parameters else "past_key_values"
     with torch.inference_mode():
