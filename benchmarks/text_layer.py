@@ -547,6 +547,73 @@ async def run_chat(
     return median_run(runs, lambda run: (run.layer, run.direct))
 
 
+@asynccontextmanager
+async def null_proxy(url: str) -> AsyncIterator[str]:
+    """A proxy that does nothing, in this process, in front of the mock's chat endpoint: it
+    reads each turn's bytes, posts them to the engine with one aiohttp session and returns
+    the answer's bytes (no parsing, no records). Yields its base URL. What the two HTTP
+    exchanges a proxied turn adds cost alone: the most any session server written with
+    aiohttp can reach on this load (``proxy-floor-aiohttp@C``)."""
+    from aiohttp import web
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def forward(request: web.Request) -> web.Response:
+            body = await request.read()
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as answer:
+                data = await answer.read()
+            return web.Response(body=data, status=answer.status, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        finally:
+            await runner.cleanup()
+
+
+async def run_proxy_floor(
+    url: str, sessions: int, turns: int, max_tokens: int, pairs: int, rounds: int
+) -> tuple[Measure, Measure]:
+    """Light aiohttp agents through :func:`null_proxy` (``proxy-floor-aiohttp@C``) and
+    straight to the engine, ``pairs`` times in turn: the pair of median ratio (see
+    :func:`median_run`)."""
+
+    async def nothing(key: str) -> None:
+        return None
+
+    runs: list[tuple[Measure, Measure]] = []
+    async with null_proxy(url) as proxy_url:
+
+        async def direct() -> tuple[str, str]:
+            return f"{url}/v1", "none"
+
+        async def proxied() -> tuple[str, str]:
+            return proxy_url, "none"
+
+        mode, direct_mode = f"proxy-floor-aiohttp@{sessions}", f"aiohttp-direct@{sessions}"
+        await chat_turns(proxied, nothing, "aiohttp", sessions, 2, max_tokens, "", [])
+        for _ in range(pairs):
+            bare = await chat_turns(
+                direct, nothing, "aiohttp", sessions, turns, max_tokens, direct_mode, [], rounds
+            )
+            floor = await chat_turns(
+                proxied, nothing, "aiohttp", sessions, turns, max_tokens, mode, [], rounds
+            )
+            floor.baseline = bare.mode
+            floor.extra["throughput_vs_direct"] = floor.rps / bare.rps
+            runs.append((floor, bare))
+    return median_run(runs, lambda run: run)
+
+
 #: The load child's answer lines can hold every turn's latency (bytes).
 _CHILD_LINE_BYTES = 1 << 24
 
@@ -886,6 +953,16 @@ async def run_all(
                 )
                 chats.append(chat.layer)
                 out += [chat.layer, chat.direct]
+        # The floor of those rows: the same agents through a proxy that does nothing.
+        for sessions in args.chat_sessions:
+            out += await run_proxy_floor(
+                zero_url,
+                sessions,
+                args.chat_turns,
+                args.chat_tokens,
+                args.chat_pairs,
+                args.chat_rounds,
+            )
         # The light agent again, the session server in worker processes: what leaves the
         # rollout's process (its CPU per turn, its loop's lag), next to its own direct run.
         if args.chat_processes != "0":
