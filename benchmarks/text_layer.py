@@ -599,7 +599,7 @@ async def run_proxy_floor(
         async def proxied() -> tuple[str, str]:
             return proxy_url, "none"
 
-        mode, direct_mode = f"proxy-floor-aiohttp@{sessions}", f"aiohttp-direct@{sessions}"
+        mode, direct_mode = f"proxy-floor-aiohttp@{sessions}", f"aiohttp-direct-floor@{sessions}"
         await chat_turns(proxied, nothing, "aiohttp", sessions, 2, max_tokens, "", [])
         for _ in range(pairs):
             bare = await chat_turns(

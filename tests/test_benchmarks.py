@@ -168,7 +168,7 @@ def test_text_layer_benchmark_prints_its_table_json_and_chart(tmp_path: Path) ->
     assert modes["chat-latency@8"]["requests"] == 8 * 2
     # Their floor: the same agents through a proxy that does nothing, pairs as above.
     floor = modes["proxy-floor-aiohttp@2"]
-    assert floor["requests"] == 2 * 2 * 2
+    assert floor["requests"] == 2 * 2 * 2 and modes["aiohttp-direct-floor@2"]["requests"] == 8
     assert floor["pair_ratio_min"] <= floor["throughput_vs_direct"] <= floor["pair_ratio_max"]
     procs = modes["chat-aiohttp-procs@2"]
     assert procs["pair_ratio_min"] <= procs["throughput_vs_direct"] <= procs["pair_ratio_max"]
