@@ -482,6 +482,19 @@ class WorkerCPU:
             layer.extra["worker_cpu_ms_per_turn"] = 1000 * worker_cpu / max(layer.requests, 1)
 
 
+def keyless(base_url: str) -> Callable[[], Awaitable[tuple[str, str]]]:
+    """A session opener for agents that need no session: ``base_url`` and no key."""
+
+    async def opened() -> tuple[str, str]:
+        return base_url, "none"
+
+    return opened
+
+
+async def keep(key: str) -> None:
+    """The closer of a :func:`keyless` session: nothing to close."""
+
+
 async def run_chat(
     url: str,
     sessions: int,
@@ -500,12 +513,7 @@ async def run_chat(
     layer's notes (``pair_ratio_min`` / ``pair_ratio_max``). ``rounds``: sessions each
     agent runs back to back (see :func:`chat_turns`)."""
 
-    async def direct() -> tuple[str, str]:
-        return f"{url}/v1", "none"
-
-    async def nothing(key: str) -> None:
-        return None
-
+    direct = keyless(f"{url}/v1")
     direct_name = "openai-direct" if client == "openai" else f"{client}-direct"
     direct_mode = f"{direct_name}{mode.removeprefix('chat').removeprefix(f'-{client}')}@{sessions}"
     runs: list[ChatRun] = []
@@ -515,7 +523,7 @@ async def run_chat(
             direct_latencies: list[float] = []
             bare = await chat_turns(
                 direct,
-                nothing,
+                keep,
                 client,
                 sessions,
                 turns,
@@ -587,26 +595,18 @@ async def run_proxy_floor(
     straight to the engine, ``pairs`` times in turn: the pair of median ratio (see
     :func:`median_run`)."""
 
-    async def nothing(key: str) -> None:
-        return None
-
+    direct = keyless(f"{url}/v1")
     runs: list[tuple[Measure, Measure]] = []
     async with null_proxy(url) as proxy_url:
-
-        async def direct() -> tuple[str, str]:
-            return f"{url}/v1", "none"
-
-        async def proxied() -> tuple[str, str]:
-            return proxy_url, "none"
-
+        proxied = keyless(proxy_url)
         mode, direct_mode = f"proxy-floor-aiohttp@{sessions}", f"aiohttp-direct-floor@{sessions}"
-        await chat_turns(proxied, nothing, "aiohttp", sessions, 2, max_tokens, "", [])
+        await chat_turns(proxied, keep, "aiohttp", sessions, 2, max_tokens, "", [])
         for _ in range(pairs):
             bare = await chat_turns(
-                direct, nothing, "aiohttp", sessions, turns, max_tokens, direct_mode, [], rounds
+                direct, keep, "aiohttp", sessions, turns, max_tokens, direct_mode, [], rounds
             )
             floor = await chat_turns(
-                proxied, nothing, "aiohttp", sessions, turns, max_tokens, mode, [], rounds
+                proxied, keep, "aiohttp", sessions, turns, max_tokens, mode, [], rounds
             )
             floor.baseline = bare.mode
             floor.extra["throughput_vs_direct"] = floor.rps / bare.rps

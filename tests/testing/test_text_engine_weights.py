@@ -192,11 +192,10 @@ def _perturbed(module: Any, seed: int) -> Any:
 
 
 def _logprobs(module: Any, out: list[int]) -> list[float]:
-    prompt = PROMPT
     with torch.inference_mode():
-        logits = module(input_ids=torch.tensor([[*prompt, *out]])).logits[0].float()
+        logits = module(input_ids=torch.tensor([[*PROMPT, *out]])).logits[0].float()
         all_lp = torch.log_softmax(logits, dim=-1)
-    return [float(all_lp[len(prompt) - 1 + i, t]) for i, t in enumerate(out)]
+    return [float(all_lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(out)]
 
 
 def _stale_logprobs(old: Any, new: Any, out: list[int], cut: int) -> list[float]:
@@ -205,11 +204,10 @@ def _stale_logprobs(old: Any, new: Any, out: list[int], cut: int) -> list[float]
     retract pause without a flush leaves."""
     import inspect
 
-    prompt = PROMPT
     # transformers >= 5.2x names the KV cache argument ``cache``; before, ``past_key_values``.
     key = "cache" if "cache" in inspect.signature(new.forward).parameters else "past_key_values"
     with torch.inference_mode():
-        first = old(input_ids=torch.tensor([[*prompt, *out[: cut - 1]]]), use_cache=True)
+        first = old(input_ids=torch.tensor([[*PROMPT, *out[: cut - 1]]]), use_cache=True)
         rest = new(input_ids=torch.tensor([out[cut - 1 : -1]]), use_cache=True, **{key: first[key]})
         all_lp = torch.log_softmax(rest.logits[0].float(), dim=-1)
     return [float(all_lp[i, t]) for i, t in enumerate(out[cut:])]
