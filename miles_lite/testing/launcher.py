@@ -1,8 +1,9 @@
 """One launcher for the servers the tiers run as child processes (SGLang, smg).
 
-:class:`ServerProcess` owns what both repeated: a free loopback port, a log file, a child
-in its own process group, a readiness poll that quotes the log's tail when the child exits
-or does not become ready, a stop that is idempotent and also runs at interpreter exit.
+:class:`ServerProcess` owns what both repeated: a free loopback port (outside the
+ephemeral range), a log file, a child in its own process group, a readiness poll that
+quotes the log's tail when the child exits, cannot bind its port or does not become ready,
+a stop that is idempotent and also runs at interpreter exit.
 A subclass says what to run (``start()`` calls :meth:`ServerProcess.launch`), when it is
 ready (:meth:`ServerProcess.wait_ready`), and how to end it (:meth:`ServerProcess.reaper`).
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from miles_lite.testing.errors import StandInError
@@ -25,11 +27,51 @@ from miles_lite.testing.process import StartStop
 __all__ = ["ServerProcess", "free_port"]
 
 
-def free_port(host: str) -> int:
-    """A port on ``host`` that nothing listens on right now."""
+#: Where the kernel says its ephemeral ports (outgoing connections' source ports, and
+#: what ``bind(host, 0)`` hands out) are (Linux).
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port :func:`free_port` picks below that range.
+_LOWEST_PORT = 10000
+#: What a server's log says when its port was taken before it could bind it.
+_PORT_TAKEN = "address already in use"
+
+
+def free_port(host: str, *, avoid: Collection[int] = ()) -> int:
+    """A port on ``host`` that nothing listens on right now and none of ``avoid``.
+
+    Picked at random below the kernel's ephemeral range where it can be read: a server
+    binds its port seconds after it is picked (SGLang: 10 s or more), and a port of that
+    range can meanwhile become any outgoing connection's source port (the conformance
+    tier lost a run to it: the server could not bind, and did not exit)."""
+    low = _ephemeral_low()
+    candidates = random.sample(range(_LOWEST_PORT, low), min(64, low - _LOWEST_PORT))
+    for port in candidates:
+        if port not in avoid and _bindable(host, port):
+            return port
+    while True:  # no readable range (not Linux), or every pick taken: the kernel's choice
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+
+
+def _ephemeral_low() -> int:
+    """The first port of the ephemeral range (``_LOWEST_PORT`` when it cannot be read)."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _LOWEST_PORT
+    return max(_LOWEST_PORT, low)
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class ServerProcess(StartStop):
@@ -109,8 +151,8 @@ class ServerProcess(StartStop):
 
     def wait_ready(self, ready: Callable[[], bool], *, timeout_s: float, poll_s: float) -> None:
         """Poll ``ready()`` until it is true; StandInError with the log tail when the child
-        exits first or ``timeout_s`` passes. OSError and ValueError from ``ready`` mean
-        not yet."""
+        exits first, says its port is taken (address already in use) or ``timeout_s``
+        passes. OSError and ValueError from ``ready`` mean not yet."""
         proc = self._proc
         if proc is None:
             raise StandInError(f"{self._name}.wait_ready() before launch()")
@@ -125,6 +167,11 @@ class ServerProcess(StartStop):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 if ready():
                     return
+            if _PORT_TAKEN in self.log_tail(5).lower():  # it will not serve, nor may exit
+                raise StandInError(
+                    f"{self._name} could not listen on {self.url}: the port was taken"
+                    f" while it started; log tail:\n{self.log_tail()}"
+                )
             if time.monotonic() >= deadline:
                 raise StandInError(
                     f"{self._name} at {self.url} was not ready within {timeout_s} s"

@@ -108,7 +108,8 @@ class SmgRouter(ServerProcess):
             return
         if importlib.util.find_spec("smg") is None:
             raise StandInError(f"smg is not installed in {sys.prefix}: pip install smg==1.13.0")
-        port, metrics = free_port(self.host), free_port(self.host)
+        port = free_port(self.host)
+        metrics = free_port(self.host, avoid={port})
         self.launch(self.command(port, metrics), port=port)
         try:
             self.wait_ready(self._listed, timeout_s=self.start_timeout_s, poll_s=_POLL_S)

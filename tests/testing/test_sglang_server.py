@@ -5,7 +5,9 @@ The launcher against the real server is exercised by tests/conformance (its fixt
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import psutil
 import pytest
 
 from miles_lite.testing import SGLangServer, SGLangServerConfig, StandInError
+from miles_lite.testing.launcher import free_port
 
 
 def fake_venv(tmp_path: Path, script: str) -> Path:
@@ -76,6 +79,39 @@ def test_start_timeout_stops_the_whole_tree(tmp_path: Path) -> None:
         server.start()
     with pytest.raises(StandInError):
         _ = server.url
+
+
+def test_a_server_whose_port_was_taken_fails_at_once_naming_it(tmp_path: Path) -> None:
+    # uvicorn's words when the port went to someone else while SGLang started; the server
+    # then neither serves nor exits.
+    venv = fake_venv(
+        tmp_path,
+        'echo "ERROR:    [Errno 98] error while attempting to bind on address'
+        " ('127.0.0.1', 45599): address already in use\"\nexec sleep 300\n",
+    )
+    server = SGLangServer(SGLangServerConfig(venv=venv, start_timeout_s=120, stop_timeout_s=1))
+    t0 = time.monotonic()
+    with pytest.raises(StandInError, match="the port was taken") as info:
+        server.start()
+    assert time.monotonic() - t0 < 30  # not the 120 s start timeout
+    assert "Errno 98" in str(info.value)
+    root = server.pid
+    assert root is not None
+    assert not psutil.pid_exists(root) or psutil.Process(root).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.skipif(not Path("/proc/sys/net/ipv4/ip_local_port_range").exists(), reason="Linux")
+def test_free_ports_lie_below_the_ephemeral_range_and_avoid_what_they_are_told() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port("127.0.0.1") for _ in range(20)}
+    assert all(10000 <= p < low for p in ports), sorted(ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free when picked, and still
+    random.seed(7)
+    first = free_port("127.0.0.1")
+    random.seed(7)
+    assert free_port("127.0.0.1", avoid={first}) != first
 
 
 def test_stop_is_idempotent_and_url_needs_a_running_server(tmp_path: Path) -> None:
