@@ -12,7 +12,7 @@ from miles_lite.errors import JournalError
 __all__ = ["GROUP_KEY", "SCHEMA_VERSION", "connect", "journal_error"]
 
 #: Bumped when a table changes; a file of another version is refused, never half-read.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sample records by position, not keyed maps
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

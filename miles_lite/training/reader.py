@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from miles_lite.errors import JournalError
 from miles_lite.training._schema import GROUP_KEY, connect, journal_error
-from miles_lite.training.codec import decode_samples, handed_entries, resolve_entry
+from miles_lite.training.codec import decode_samples, handed_entries, is_reference, resolve_entry
 from miles_lite.types import Sample, SampleStatus
 
 __all__ = [
@@ -76,7 +76,7 @@ def handed_group(conn: sqlite3.Connection, gid: int, blob: bytes, group_index: i
     out = []
     for entry in handed_entries(blob):
         referenced = None
-        if not isinstance(entry, dict):
+        if is_reference(entry):
             row = conn.execute(
                 "SELECT blob FROM samples WHERE gid = ? AND slot = ? AND attempt = ?",
                 (gid, entry[0], entry[1]),

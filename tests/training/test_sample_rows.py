@@ -13,7 +13,7 @@ import pytest
 
 from miles_lite import SampleStatus
 from miles_lite.training import Journal, read_resume
-from miles_lite.training.codec import handed_entries
+from miles_lite.training.codec import handed_entries, is_reference
 from miles_lite.training.recorder import RolloutJournal
 from miles_lite.types import Sample
 
@@ -84,6 +84,6 @@ async def test_a_handed_sample_references_its_record_only_if_it_is_the_object_re
     with sqlite3.connect(path) as conn:
         blobs = [b for (b,) in conn.execute("SELECT blob FROM handed ORDER BY rowid")]
     first, second = (handed_entries(blob) for blob in blobs)
-    assert first[0][:2] == [0, attempts[0]]
-    assert isinstance(first[1], dict) and isinstance(first[2], dict)
-    assert all(isinstance(entry, dict) for entry in second)
+    assert is_reference(first[0]) and first[0][:2] == [0, attempts[0]]
+    assert not is_reference(first[1]) and not is_reference(first[2])
+    assert not any(is_reference(entry) for entry in second)

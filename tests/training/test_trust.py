@@ -15,6 +15,7 @@ from miles_lite import SampleStatus
 from miles_lite.errors import JournalError
 from miles_lite.rollout.groups import PromptGroup
 from miles_lite.training import Journal, JournalConfig, read_resume
+from miles_lite.training._schema import SCHEMA_VERSION
 from miles_lite.types import Sample
 
 from .conftest import Journaled
@@ -72,6 +73,23 @@ async def test_a_corrupt_file_is_refused_before_anything_is_read(
     with pytest.raises(JournalError, match="corrupt"):
         async with Journal(path):
             pass
+
+
+async def test_a_journal_of_another_schema_version_is_refused_naming_both(
+    tmp_path: Path, journaled: Journaled
+) -> None:
+    path = tmp_path / "run.db"
+    async with journaled(path) as (rollout, _):
+        await rollout.run(prompts(1))
+    with sqlite3.connect(path) as conn:  # as a miles_lite of the keyed records left it
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with pytest.raises(
+        JournalError, match=f"schema version 1, this miles_lite writes {SCHEMA_VERSION}"
+    ):
+        async with Journal(path):
+            pass
+    with pytest.raises(JournalError, match="schema version 1"):
+        await anyio.to_thread.run_sync(read_resume, path)
 
 
 async def test_a_full_disk_fails_the_rollout_and_keeps_what_was_complete(
