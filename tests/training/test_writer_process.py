@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgpack
 import pytest
 
 from miles_lite.errors import JournalError
 from miles_lite.training import Journal, JournalConfig
-from miles_lite.training._writer import Writer
+from miles_lite.training._writer import CLOSE, ROW, Writer, row_header
 from miles_lite.training.codec import decode_samples
 from miles_lite.types import Sample, SampleStatus
 from tests.support.polling import wait_until
@@ -98,6 +99,18 @@ async def test_records_past_the_pipes_room_arrive_whole_and_in_order(tmp_path: P
         assert row[:4] == (gid, place, attempts[place], "completed")
         (decoded,) = decode_samples(row[4])
         assert decoded.tokens == [place] * 600
+
+
+@pytest.mark.parametrize("size", [0, 1, 300, 70_000])
+@pytest.mark.parametrize("attempt", [1, (7 << 32) | 3, (1 << 63) - 1])
+def test_a_record_frame_sent_as_header_and_blob_reads_back_as_one_frame(
+    size: int, attempt: int
+) -> None:
+    blob = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    header = row_header(3, 12345, 7, attempt, "completed", len(blob))
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(header + blob + msgpack.packb([CLOSE]))
+    assert list(unpacker) == [[ROW, 3, 12345, 7, attempt, "completed", blob], [CLOSE]]
 
 
 async def test_a_writer_that_cannot_be_started_is_a_typed_error_leaving_no_descriptor(
