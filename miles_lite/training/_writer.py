@@ -8,8 +8,9 @@ between them stalls the loop (generate@512 in ``benchmarks/journal.py``: a write
 that wrote nothing still cost 7-10% of the throughput; no writer at all, 1-7%). The
 process writes on the other core; the loop only appends each write, msgpack-packed (a
 sample record as a short header and its blob, not copied into a frame), to what it hands
-to a pipe once a loop step (one ``writev`` for many), and reads the writer's
-acknowledgements from a second pipe (a reader callback: no thread, no await).
+to a pipe once a loop step (sample records within 5 ms; one ``writev`` for many), and
+reads the writer's acknowledgements from a second pipe (a reader callback: no thread, no
+await).
 
 A write is data: a sample record's row, or statements (SQL and its rows, run with
 ``executemany``). Acknowledgements are cumulative: after each transaction the writer
@@ -75,6 +76,9 @@ ROW, STATEMENTS, CLOSE = 0, 1, 2
 #: 512-token records (about 8 KB each) fits without the loop waiting for room.
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
+#: How long a sample record waits at most for the pipe (seconds): the writer gathers
+#: records for 20 ms before its transaction.
+_RECORD_FLUSH_S = 0.005
 #: Frames one ``writev`` takes at most (within every system's IOV_MAX).
 _IOV_MAX = 512
 
@@ -116,6 +120,8 @@ class Writer:
         self._data = self._acks = -1
         self._out: deque[bytes | memoryview] = deque()  # frames (their chunks) not yet sent
         self._flushing = False  # a flush is scheduled, or the loop waits for the pipe
+        self._timer: asyncio.TimerHandle | None = None  # the records' flush, if it waits
+        self.pipe_writes = 0  # writev calls that took bytes
         self._packer = msgpack.Packer(use_bin_type=True)
         self._unpacker = msgpack.Unpacker(raw=False)
         self._sent = 0  # writes sent
@@ -200,6 +206,9 @@ class Writer:
         process, self._process = self._process, None
         if process is None:
             return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._loop is not None and self._acks >= 0:
             self._loop.remove_reader(self._acks)
             self._loop.remove_writer(self._data)
@@ -245,7 +254,7 @@ class Writer:
         self._queued_rows += 1
         if waiting >= self.queue_max:
             self.queue_max = waiting + 1
-        self._send(row_header(samples, gid, place, attempt, status, len(blob)), blob)
+        self._send(row_header(samples, gid, place, attempt, status, len(blob)), blob, soon=False)
         return True
 
     def statements(self, statements: Statements, *, samples: int = 0) -> None:
@@ -281,23 +290,37 @@ class Writer:
 
     # -- the pipes -----------------------------------------------------------------------
 
-    def _send(self, *chunks: bytes) -> None:
-        """Queue one write's frame, in ``chunks`` that follow one another in the pipe."""
+    def _send(self, *chunks: bytes, soon: bool = True) -> None:
+        """Queue one write's frame, in ``chunks`` that follow one another in the pipe.
+        The pipe takes it once this loop step ends (``soon``), or, for a sample record
+        (the writer gathers them for its transaction anyway), within
+        :data:`_RECORD_FLUSH_S`: one ``writev`` for more records (each costs the loop
+        about 10 us besides the bytes)."""
         self._out.extend(chunks)
         self._sent += 1
+        loop = self._loop
+        assert loop is not None
         if not self._flushing:
             self._flushing = True
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)  # once a loop step, for every write of it
+            if soon:
+                loop.call_soon(self._flush)
+            else:
+                self._timer = loop.call_later(_RECORD_FLUSH_S, self._flush)
+        elif soon and self._timer is not None:  # records wait for the timer: not this
+            self._timer.cancel()
+            self._timer = None
+            loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         """Hand what was sent to the pipe, gathered (``writev``: no copy into one buffer);
         what the pipe has no room for waits for it to drain."""
+        self._timer = None
         out = self._out
         while out and self._data >= 0:
             chunks = list(itertools.islice(out, _IOV_MAX))
             try:
                 written = os.writev(self._data, chunks)
+                self.pipe_writes += 1
             except BlockingIOError:
                 break
             except OSError:  # the writer is gone: its end is read from the other pipe

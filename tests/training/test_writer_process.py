@@ -15,6 +15,7 @@ import anyio
 import msgpack
 import pytest
 
+import miles_lite.training._writer as writer_module
 from miles_lite.errors import JournalError
 from miles_lite.training import Journal, JournalConfig
 from miles_lite.training._writer import CLOSE, ROW, Writer, row_header
@@ -99,6 +100,31 @@ async def test_records_past_the_pipes_room_arrive_whole_and_in_order(tmp_path: P
         assert row[:4] == (gid, place, attempts[place], "completed")
         (decoded,) = decode_samples(row[4])
         assert decoded.tokens == [place] * 600
+
+
+async def test_records_wait_for_the_pipe_and_a_durable_write_takes_them_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Records sent over many loop steps share one pipe write: they wait up to
+    # _RECORD_FLUSH_S (here a minute), and a durable write sends them with it at once.
+    monkeypatch.setattr(writer_module, "_RECORD_FLUSH_S", 60.0)
+    path = tmp_path / "run.db"
+    async with Journal(path) as journal:
+        (gid,) = journal.give([[sample(0)]], rollout_id=0)
+        await journal.flush()
+    writer = Writer(str(path), max_bytes=None, queue_size=1000)
+    await writer.start()
+    try:
+        for place in range(100):
+            assert writer.row(gid, place, 1, "completed", b"x", samples=1)
+            await asyncio.sleep(0)  # a loop step
+        assert writer.pipe_writes == 0
+        with anyio.fail_after(20):
+            await writer.write_durably([])
+        assert writer.pipe_writes == 1
+        assert writer.statistics().samples == 100
+    finally:
+        await writer.close()
 
 
 @pytest.mark.parametrize("size", [0, 1, 300, 70_000])
