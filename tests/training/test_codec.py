@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 
-from miles_lite.errors import EngineTimeoutError
+from miles_lite.errors import EngineTimeoutError, JournalError
 from miles_lite.training import training_batch
-from miles_lite.training.codec import decode_samples, encode_samples
+from miles_lite.training.codec import RECORD_FIELDS, decode_samples, encode_samples
 from miles_lite.training.replay import batch_digest
 from miles_lite.types import PrefixCacheInfo, Sample, SampleStatus, SessionInfo, WeightSpan
 
@@ -72,3 +73,14 @@ def test_a_mask_of_ones_is_kept_as_its_length_and_trains_the_same() -> None:
     back = decode_samples(encode_samples(ones), group_index=2)
     assert back == ones
     assert batch_digest(training_batch([back])) == batch_digest(training_batch([ones]))
+
+
+@pytest.mark.parametrize(
+    "record",
+    [[], [1, 2, 3], list(range(40)), {str(k): k for k in range(RECORD_FIELDS)}],
+    ids=["empty", "short", "long", "keyed"],
+)
+def test_a_record_not_of_this_layout_is_a_journal_error(record: object) -> None:
+    blob = msgspec.msgpack.encode([record])
+    with pytest.raises(JournalError, match="the file is not whole"):
+        decode_samples(blob)
