@@ -111,7 +111,6 @@ def _tensor_refs(sample: Sample) -> dict[str, list[Any]]:
 def _record(sample: Sample) -> tuple[Any, ...]:
     """``sample`` as a record: a tuple of :data:`RECORD_FIELDS` values, by position."""
     log_probs = sample.rollout_log_probs
-    error = sample.error
     spans = sample.weight_spans
     cache = sample.prefix_cache_info
     session = sample.session
@@ -130,7 +129,7 @@ def _record(sample: Sample) -> tuple[Any, ...]:
         sample.weight_versions,
         [(w.version, w.start, w.end, w.kv_version) for w in spans] if spans else None,
         sample.seed,
-        None if error is None else _error_record(error),
+        _error_record(sample.error),
         sample.finish_reason,
         sample.matched_stop,
         sample.status_reason,
