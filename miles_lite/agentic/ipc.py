@@ -25,7 +25,7 @@ from traceback import format_exc
 from typing import Any
 
 import anyio
-import msgpack
+import msgspec
 from anyio.abc import ByteStream, TaskGroup
 
 from miles_lite.errors import WorkerCrashedError, WorkerTaskError
@@ -37,6 +37,10 @@ __all__ = ["Link", "pack_record", "unpack_record"]
 _log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
+#: msgspec's msgpack codec: about twice as fast as the msgpack package's on these frames
+#: (a turn's payload, its answer's bytes, its record), on both ends of every link.
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
 #: What one read of the link takes at most (bytes).
 _READ_BYTES = 1 << 16
 #: Requests a read starts before the reader yields to the loop. A burst of frames (under
@@ -200,7 +204,7 @@ class Link:
                 end = start + header + size
                 if end > len(buffer):
                     break
-                yield msgpack.unpackb(memoryview(buffer)[start + header : end], raw=False)
+                yield _DECODER.decode(memoryview(buffer)[start + header : end])
                 start = end
             del buffer[:start]
 
@@ -252,7 +256,7 @@ class Link:
         """Queue ``frame`` for the writer task; dropped once the link is lost."""
         if self.lost is not None:
             return
-        data = msgpack.packb(frame, use_bin_type=True)
+        data = _ENCODER.encode(frame)
         self._outbox += (_HEADER.pack(len(data)), data)
         self._put_count += 1
         self._queued.set()
