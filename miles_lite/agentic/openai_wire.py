@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from miles_lite.errors import EngineStatusError
 __all__ = [
     "ChatAnswer",
     "abort_answer",
+    "agent_answer",
     "as_chunk",
     "engine_answer",
     "error_response",
@@ -46,6 +48,38 @@ def engine_answer(data: bytes | memoryview) -> ChatAnswer:
         return ChatAnswer(_json.loads_strict(data), data)
     except ValueError:  # NaN/Infinity literals (Python's json writes them): not passed on
         return ChatAnswer(_json.loads(data))
+
+
+#: What the session server asks the engine for itself, for the turn's record: each
+#: choice's field, and the key of the agent's body that asks for it. An agent's answer
+#: keeps a field only if the agent asked for it too.
+_RECORD_FIELDS = (
+    ("logprobs", "logprobs"),
+    ("prompt_token_ids", "return_prompt_token_ids"),
+    ("meta_info", "return_meta_info"),
+)
+
+
+def agent_answer(answer: ChatAnswer, body: Mapping[str, Any]) -> ChatAnswer:
+    """``answer`` as the agent's ``body`` asked for it: each choice without what the
+    server asked the engine for its record and the agent did not ask for (``logprobs``
+    null, no ``prompt_token_ids``, no ``meta_info``): an OpenAI answer, which the agent
+    parses in a fraction of the time (the per-token lists are most of its bytes).
+    ``answer`` itself, its bytes passed on as they are, when the agent asked for all of
+    them or the answer has no choices to trim."""
+    dropped = [field for field, key in _RECORD_FIELDS if body.get(key) is not True]
+    parsed = answer.parsed
+    choices = parsed.get("choices") if dropped and isinstance(parsed, dict) else None
+    if not isinstance(choices, list):
+        return answer
+    trimmed = []
+    for choice in choices:
+        if isinstance(choice, dict):
+            choice = {k: v for k, v in choice.items() if k not in dropped}
+            if "logprobs" in dropped:
+                choice["logprobs"] = None
+        trimmed.append(choice)
+    return ChatAnswer({**parsed, "choices": trimmed})
 
 
 def as_chunk(answer: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from miles_lite.agentic.http_io import (
     write_answer,
 )
 from miles_lite.agentic.messages_wire import chat_body, messages_answer, messages_events
+from miles_lite.agentic.openai_wire import agent_answer
 from miles_lite.agentic.registry import SessionRegistry, SessionState
 from miles_lite.agentic.turns import BadTurn, merged_extra_body
 
@@ -180,9 +181,10 @@ class SessionApp:
             raise refuse(400, bad.message, "refused", param=bad.param) from None
         stream = body.get("stream", False) is True
         answer, large = await self._turn(session, body)
-        # The engine's answer as it is: OpenAI clients ignore the extra fields, and agents
-        # that read ids or meta_info can.
-        return await write_answer(request, answer, stream, large)
+        # What the agent asked for: the ids and log-probs the record needed stay out.
+        trimmed = agent_answer(answer, body)
+        # Encoded off the loop only when it still holds per-token log-prob entries.
+        return await write_answer(request, trimmed, stream, large and body.get("logprobs") is True)
 
     async def _serve_messages(
         self, request: web.Request, session: SessionState, body: dict[str, Any]

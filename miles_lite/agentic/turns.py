@@ -46,6 +46,8 @@ ALLOWED_KEYS = frozenset(
         "user",
         "logprobs",
         "top_logprobs",
+        "return_prompt_token_ids",
+        "return_meta_info",
         "response_format",
         "chat_template_kwargs",
         "separate_reasoning",

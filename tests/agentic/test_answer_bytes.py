@@ -1,6 +1,9 @@
-"""The engine's chat answer reaches the agent as the engine's own bytes: decoded once to
-check and record it, never encoded again (a whole answer of per-token log-probs); an
-answer that is not standard JSON (NaN literals) is encoded again, NaN as null, as before."""
+"""What the agent gets of the engine's chat answer: what it asked for. The ids, log-probs
+and ``meta_info`` the server asks the engine for (for the turn's record) stay out of the
+answer unless the agent asked for them too (``logprobs``, ``return_prompt_token_ids``,
+``return_meta_info``); an agent that asked for all of them gets the engine's own bytes:
+decoded once to check and record them, never encoded again. An answer that is not
+standard JSON (NaN literals) is encoded again, NaN as null."""
 
 from __future__ import annotations
 
@@ -20,12 +23,18 @@ from .conftest import OpenStack
 pytestmark = pytest.mark.anyio
 
 
+#: The agent's keys that ask for all the server asks the engine for.
+ALL = {"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True}
+
+
 async def turn_through(
-    stack: OpenStack, rewrite: Callable[[dict[str, Any]], bytes]
+    stack: OpenStack,
+    rewrite: Callable[[dict[str, Any]], bytes] = lambda answer: json.dumps(answer).encode(),
+    asked: dict[str, Any] | None = None,
 ) -> tuple[bytes, bytes, int]:
-    """One chat turn through the session server to a proxy in front of the stand-in
-    engine that answers ``rewrite(answer)``: (the bytes the proxy answered, the bytes the
-    agent got, the records kept)."""
+    """One chat turn, its body with ``asked``, through the session server to a proxy in
+    front of the stand-in engine that answers ``rewrite(answer)``: (the bytes the proxy
+    answered, the bytes the agent got, the log-probs of the record kept)."""
     answered: list[bytes] = []
     async with stack() as real, aiohttp.ClientSession() as http:
         target = real.engines[0].url
@@ -47,17 +56,18 @@ async def turn_through(
             async with stack(engines=0, before=[url]) as s:
                 session = await s.server.open_session(s.run)
                 body = {"model": "m", "messages": [{"role": "user", "content": "Say hi"}]}
+                body.update(asked or {})
                 headers = {"Authorization": f"Bearer {session.api_key}"}
                 async with http.post(
                     f"{session.base_url}/chat/completions", json=body, headers=headers
                 ) as resp:
                     assert resp.status == 200, await resp.text()
                     got = await resp.read()
-                records = len(await s.server.close_session(session.id))
+                (record,) = await s.server.close_session(session.id)
         finally:
             await runner.cleanup()
     assert len(answered) == 1
-    return answered[0], got, records
+    return answered[0], got, len(record.output_log_probs)
 
 
 async def test_the_agent_gets_the_engines_own_bytes(stack: OpenStack) -> None:
@@ -68,9 +78,9 @@ async def test_the_agent_gets_the_engines_own_bytes(stack: OpenStack) -> None:
         text = json.dumps(answer, indent=1, sort_keys=True)
         return text.replace('"spelled": 1.0', '"spelled": 0.50e1').encode()
 
-    sent, got, records = await turn_through(stack, spelled)
+    sent, got, log_probs = await turn_through(stack, spelled, ALL)
     assert got == sent
-    assert records == 1
+    assert log_probs == 4  # "Hi there." and the end of turn, recorded
 
 
 async def test_an_answer_with_nan_is_encoded_again(stack: OpenStack) -> None:
@@ -78,8 +88,36 @@ async def test_an_answer_with_nan_is_encoded_again(stack: OpenStack) -> None:
         answer["note"] = float("nan")
         return json.dumps(answer).encode()  # Python's json writes NaN
 
-    sent, got, records = await turn_through(stack, with_nan)
+    sent, got, log_probs = await turn_through(stack, with_nan, ALL)
     assert b"NaN" in sent and b"NaN" not in got
     assert json.loads(got)["note"] is None
     assert json.loads(got)["choices"] == json.loads(sent)["choices"]
-    assert records == 1
+    assert log_probs == 4
+
+
+@pytest.mark.parametrize("asked", [{}, {"logprobs": False}, {"logprobs": True}, ALL])
+async def test_the_agent_gets_what_it_asked_for(stack: OpenStack, asked: dict[str, Any]) -> None:
+    sent, got, log_probs = await turn_through(stack, asked=asked)
+    engine, agent = json.loads(sent), json.loads(got)
+    (choice,) = agent["choices"]
+    (whole,) = engine["choices"]
+    assert whole["logprobs"]["content"] and whole["prompt_token_ids"] and whole["meta_info"]
+    for field, key in [
+        ("logprobs", "logprobs"),
+        ("prompt_token_ids", "return_prompt_token_ids"),
+        ("meta_info", "return_meta_info"),
+    ]:
+        if asked.get(key) is True:
+            assert choice[field] == whole[field]
+        elif field == "logprobs":
+            assert choice[field] is None  # OpenAI's shape: null when not asked for
+        else:
+            assert field not in choice
+    rest = {
+        k: v for k, v in choice.items() if k not in ("logprobs", "prompt_token_ids", "meta_info")
+    }
+    assert rest == {k: v for k, v in whole.items() if k in rest} and rest["message"]["content"]
+    assert {k: v for k, v in agent.items() if k != "choices"} == {
+        k: v for k, v in engine.items() if k != "choices"
+    }
+    assert log_probs == 4  # the record has them whatever the agent asked
