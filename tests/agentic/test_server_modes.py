@@ -153,6 +153,23 @@ async def test_token_in_ids_are_the_same_in_both_modes(served: Served, clients: 
     assert got[0] == got[1] and len(got[0]) == 2
 
 
+async def test_the_answer_holds_what_the_agent_asked_for(
+    served: Served, http: aiohttp.ClientSession
+) -> None:
+    everything = {"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True}
+    choices = []
+    for asked in ({}, everything):  # each a first turn, in a session of its own
+        session = await served.server.open_session(RunContext(0))
+        async with http.post(chat_url(session.base_url), json={"messages": HI, **asked}) as resp:
+            assert resp.status == 200
+            choices.append((await resp.json())["choices"][0])
+        assert len(await served.server.close_session(session.id)) == 1
+    plain, whole = choices
+    assert plain["logprobs"] is None and not {"prompt_token_ids", "meta_info"} & plain.keys()
+    assert whole["logprobs"]["content"] and whole["prompt_token_ids"] and whole["meta_info"]
+    assert plain["message"] == whole["message"]
+
+
 async def test_sessions_are_found_by_url_key_or_header_and_refused_otherwise(
     served: Served, http: aiohttp.ClientSession
 ) -> None:
