@@ -56,6 +56,7 @@ class MockEngine:
         self.served: dict[str, int] = {}
         self.answer_ids: dict[str, list[int]] = {}  # chat content -> the ids generated for it
         self._bodies: dict[int, bytes] = {}
+        self._chat_log_probs: dict[int, str] = {}
 
     def generate_body(self, n: int) -> bytes:
         body = self._bodies.get(n)
@@ -131,6 +132,24 @@ class MockEngine:
             ids += [IM_START, ROLE_IDS["assistant"]]
         return ids
 
+    def chat_log_probs(self, n: int) -> str:
+        """The JSON of an answer's ``logprobs`` for ``n`` output tokens when the request asks
+        for log-probs, in SGLang's shape (each token's text, bytes and log-prob, and the
+        one ``top_logprobs`` entry it lists even when none were asked for: about 150 bytes
+        a token); prebuilt once per length, as the rest of the mock's answers."""
+        text = self._chat_log_probs.get(n)
+        if text is None:
+            content = []
+            for i, t in enumerate(output_ids(n)):
+                token = {
+                    "token": f"t{t}",
+                    "bytes": list(f"t{t}".encode()),
+                    "logprob": output_log_prob(i),
+                }
+                content.append({**token, "top_logprobs": [token]})
+            text = self._chat_log_probs[n] = json.dumps({"content": content})
+        return text
+
     async def chat(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read())
         rid = body.get("rid") or os.urandom(16).hex()
@@ -176,7 +195,13 @@ class MockEngine:
             },
             "metadata": {"weight_version": "default", "weight_versions": []},
         }
-        return web.json_response(answer)
+        if not body.get("logprobs"):
+            return web.json_response(answer)
+        # The prebuilt log-probs spliced in: encoding them again each answer would make
+        # the mock, not the layer, what a session server's row measures.
+        choice["logprobs"] = "@logprobs@"
+        text = json.dumps(answer).replace('"@logprobs@"', self.chat_log_probs(made), 1)
+        return web.Response(text=text, content_type="application/json")
 
     async def abort(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read() or b"{}")
