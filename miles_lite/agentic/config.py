@@ -145,7 +145,8 @@ class SessionServerStatistics:
     ``token_in_turns`` / ``templated_turns``: turns sent as the trajectory's ids / as
     messages the engine templated; ``worker_exits``: worker processes (``processes``)
     that died while the server ran (each is replaced; the agents of its sessions lose
-    their connection).
+    their connection); ``worker_gc_collections``: garbage collections the worker processes
+    ran since they started (0 in-process: the rollout's process is its user's).
     """
 
     open_sessions: int
@@ -166,6 +167,7 @@ class SessionServerStatistics:
     disconnect_aborts: int
     timeout_aborts: int
     worker_exits: int
+    worker_gc_collections: int
 
 
 #: The counters a :class:`~miles_lite.agentic.http_io.Refused` answer may count in.
@@ -198,6 +200,7 @@ class SessionCounters:
     disconnect_aborts: int = 0
     timeout_aborts: int = 0
     worker_exits: int = 0
+    worker_gc_collections: int = 0
 
     def count_refusal(self, counter: RefusalCounter) -> None:
         """One more in the counter a refused request names."""
