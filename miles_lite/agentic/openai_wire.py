@@ -16,6 +16,7 @@ from aiohttp import web
 
 from miles_lite._core import json as _json
 from miles_lite.errors import EngineStatusError
+from miles_lite.sglang.chat_wire import decode_chat_answer
 
 __all__ = [
     "ChatAnswer",
@@ -32,20 +33,22 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class ChatAnswer:
     """A chat answer on its way to the agent: ``parsed``, the JSON value (read it, never
-    change it), and ``raw``, the engine's own bytes when they are standard JSON, written
-    to the agent as they are instead of encoding ``parsed`` again (the same JSON: the
-    answer is passed on unchanged); None for an answer the server made (an ``abort``) or
-    one with NaN/Infinity literals (encoded again, as null)."""
+    change it; an engine's per-token lists in it may be :class:`msgspec.Raw`, which
+    msgspec writes as they are), and ``raw``, the engine's own bytes when they are
+    standard JSON, written to the agent as they are instead of encoding ``parsed`` again
+    (the same JSON: the answer is passed on unchanged); None for an answer the server
+    made (an ``abort``) or one with NaN/Infinity literals (encoded again, as null)."""
 
     parsed: Any
     raw: bytes | memoryview | None = None
 
 
 def engine_answer(data: bytes | memoryview) -> ChatAnswer:
-    """The engine's chat answer read from its bytes, decoded once; ``ValueError`` when it
-    is not JSON. What the values mean is the caller's to check."""
+    """The engine's chat answer read from its bytes, decoded once, each choice's per-token
+    lists kept as their JSON text (:func:`~miles_lite.sglang.chat_wire.decode_chat_answer`);
+    ``ValueError`` when it is not JSON. What the values mean is the caller's to check."""
     try:
-        return ChatAnswer(_json.loads_strict(data), data)
+        return ChatAnswer(decode_chat_answer(data), data)
     except ValueError:  # NaN/Infinity literals (Python's json writes them): not passed on
         return ChatAnswer(_json.loads(data))
 

@@ -1,6 +1,14 @@
-"""SGLang's ``/v1/chat/completions`` answers read into turn records (TITO): the ids and
-log-probs the engine returned, checked by the one triple parser of
-:mod:`miles_lite.sglang.generate_wire`. Pure, no I/O."""
+"""SGLang's ``/v1/chat/completions`` answers decoded (:func:`decode_chat_answer`) and read
+into turn records (TITO): the ids and log-probs the engine returned, checked by the one
+triple parser of :mod:`miles_lite.sglang.generate_wire`. Pure, no I/O.
+
+A session server asks the engine for everything its record needs (``logprobs``,
+``return_prompt_token_ids``, ``return_meta_info``), and SGLang then answers with three
+per-token lists in each choice: ``logprobs.content`` (about 150 bytes a token),
+``prompt_token_ids`` (the turn's whole history) and ``response_token_ids``. The record
+reads the output from ``meta_info`` and needs the prompt only to check it is the one
+sent, so :func:`decode_chat_answer` keeps those three as their JSON text
+(:class:`msgspec.Raw`) instead of making a Python object per token and entry."""
 
 from __future__ import annotations
 
@@ -11,11 +19,12 @@ from typing import Annotated, Any
 
 import msgspec
 
+from miles_lite._core import json as _json
 from miles_lite.errors import EngineProtocolError
 from miles_lite.sglang.generate_wire import FINISH_STATUS, parse_output_tokens, parse_weight_spans
 from miles_lite.types import WeightSpan
 
-__all__ = ["TurnRecord", "record_from_choice"]
+__all__ = ["PER_TOKEN_FIELDS", "TurnRecord", "decode_chat_answer", "record_from_choice"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +74,71 @@ class TurnRecord:
         }
 
 
+#: A choice's per-token lists, kept as their JSON text by :func:`decode_chat_answer`
+#: (and left out of a record's ``response``).
+PER_TOKEN_FIELDS = ("logprobs", "prompt_token_ids", "response_token_ids")
+
+_ABSENT = msgspec.Raw()  # a field the answer does not have (a present one is never empty)
+
+
+class _Choice(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A choice as SGLang 0.5.23 writes it (``captures/chat_lp_ids.json``,
+    ``chat_meta_sglext_n2.json``); any other key sends the answer to the general parser."""
+
+    index: Any = msgspec.UNSET
+    message: Any = msgspec.UNSET
+    logprobs: msgspec.Raw = _ABSENT
+    finish_reason: Any = msgspec.UNSET
+    matched_stop: Any = msgspec.UNSET
+    prompt_token_ids: msgspec.Raw = _ABSENT
+    response_token_ids: msgspec.Raw = _ABSENT
+    meta_info: Any = msgspec.UNSET
+    hidden_states: Any = msgspec.UNSET
+
+
+class _Answer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    id: Any = msgspec.UNSET
+    object: Any = msgspec.UNSET
+    created: Any = msgspec.UNSET
+    model: Any = msgspec.UNSET
+    choices: list[_Choice]
+    usage: Any = msgspec.UNSET
+    metadata: Any = msgspec.UNSET
+    sglext: Any = msgspec.UNSET
+    system_fingerprint: Any = msgspec.UNSET
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+
+
+def decode_chat_answer(data: bytes | bytearray | memoryview) -> Any:
+    """An engine's chat answer from its bytes: the JSON value, except that each choice's
+    :data:`PER_TOKEN_FIELDS` are :class:`msgspec.Raw` (their JSON text, which msgspec
+    writes back as it is) when the answer has SGLang's keys and no other; an answer with
+    other keys or of another shape is parsed whole (plain values). Keys keep their
+    values, not their order. ``ValueError`` when it is not JSON (NaN and Infinity are
+    not JSON), or nests too deeply to parse."""
+    try:
+        wire = _ANSWER.decode(data)
+    except msgspec.ValidationError:  # JSON of another shape, or keys SGLang did not write
+        return _json.loads_strict(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ValueError(str(exc) or "JSON nested too deeply to parse") from None
+    answer = _present(wire, _Answer.__struct_fields__)
+    answer["choices"] = [_present(c, _Choice.__struct_fields__) for c in wire.choices]
+    return answer
+
+
+def _present(struct: msgspec.Struct, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields ``struct`` was decoded with (absent ones left out), as a dict."""
+    out = {}
+    for name in names:
+        value = getattr(struct, name)
+        if value is not msgspec.UNSET and value is not _ABSENT:
+            out[name] = value
+    return out
+
+
 def record_from_choice(
     answer: Any,
     *,
@@ -91,7 +165,9 @@ def record_from_choice(
             f"chat answer has {len(answer['choices'])} choices; one was asked for", **where
         )
     choice = answer["choices"][0]
-    prompt_ids = _prompt_ids(choice.get("prompt_token_ids"), vocab_size, where)
+    prompt_ids = _prompt_ids(
+        choice.get("prompt_token_ids"), request.get("input_ids"), vocab_size, where
+    )
     meta = choice.get("meta_info")
     if not isinstance(meta, dict):
         raise EngineProtocolError(
@@ -139,15 +215,29 @@ def record_from_choice(
 
 
 def _prompt_ids(
-    prompt_ids: Any, vocab_size: int | None, where: Mapping[str, str | None]
+    prompt_ids: Any, sent: Any, vocab_size: int | None, where: Mapping[str, str | None]
 ) -> list[int]:
     """The answer's ``prompt_token_ids``, checked: a non-empty list of ints (not bools,
     not floats) in ``[0, vocab_size)``. A turn's prompt is its whole history, so the check
     runs at C speed (msgspec, ~10 ns an id; Python's scans took ~50); a list that fails
-    it is looked at again to say why."""
-    if isinstance(prompt_ids, list) and prompt_ids:
+    it is looked at again to say why. As JSON text (:func:`decode_chat_answer`) that is
+    byte for byte the ids ``sent`` (token in: the request's ``input_ids``, as SGLang
+    writes them, without spaces), they are ``sent`` itself: the engine ran them, and
+    nothing is decoded."""
+    if isinstance(prompt_ids, msgspec.Raw):
+        # bytes(), not memoryview(): a memoryview compares item by item (20x slower).
+        if isinstance(sent, list) and sent and bytes(prompt_ids) == _json.dumps(sent):
+            return sent
         try:
-            checked: list[int] = msgspec.convert(prompt_ids, _ids_type(vocab_size))
+            checked: list[int] = msgspec.json.decode(prompt_ids, type=_ids_type(vocab_size))
+            if checked:
+                return checked
+        except msgspec.ValidationError:
+            pass
+        prompt_ids = _json.loads_strict(prompt_ids)  # read again, to say what is wrong
+    elif isinstance(prompt_ids, list) and prompt_ids:
+        try:
+            checked = msgspec.convert(prompt_ids, _ids_type(vocab_size))
             return checked
         except msgspec.ValidationError:
             pass
@@ -192,7 +282,7 @@ def _slim_response(answer: dict[str, Any]) -> dict[str, Any]:
     for choice in answer.get("choices") or []:
         if not isinstance(choice, dict):
             continue
-        choice = {k: v for k, v in choice.items() if k not in ("logprobs", "prompt_token_ids")}
+        choice = {k: v for k, v in choice.items() if k not in PER_TOKEN_FIELDS}
         meta = choice.get("meta_info")
         if isinstance(meta, dict):
             choice["meta_info"] = {

@@ -31,6 +31,7 @@ async def turn_through(
     stack: OpenStack,
     rewrite: Callable[[dict[str, Any]], bytes] = lambda answer: json.dumps(answer).encode(),
     asked: dict[str, Any] | None = None,
+    streamed: bool = False,
 ) -> tuple[bytes, bytes, int]:
     """One chat turn, its body with ``asked``, through the session server to a proxy in
     front of the stand-in engine that answers ``rewrite(answer)``: (the bytes the proxy
@@ -62,6 +63,9 @@ async def turn_through(
                     f"{session.base_url}/chat/completions", json=body, headers=headers
                 ) as resp:
                     assert resp.status == 200, await resp.text()
+                    assert resp.content_type == (
+                        "text/event-stream" if streamed else "application/json"
+                    )
                     got = await resp.read()
                 (record,) = await s.server.close_session(session.id)
         finally:
@@ -95,9 +99,16 @@ async def test_an_answer_with_nan_is_encoded_again(stack: OpenStack) -> None:
     assert log_probs == 4
 
 
+def compact(answer: dict[str, Any]) -> bytes:
+    return json.dumps(answer, separators=(",", ":")).encode()  # as SGLang writes it
+
+
+@pytest.mark.parametrize("rewrite", [compact, lambda answer: json.dumps(answer).encode()])
 @pytest.mark.parametrize("asked", [{}, {"logprobs": False}, {"logprobs": True}, ALL])
-async def test_the_agent_gets_what_it_asked_for(stack: OpenStack, asked: dict[str, Any]) -> None:
-    sent, got, log_probs = await turn_through(stack, asked=asked)
+async def test_the_agent_gets_what_it_asked_for(
+    stack: OpenStack, asked: dict[str, Any], rewrite: Callable[[dict[str, Any]], bytes]
+) -> None:
+    sent, got, log_probs = await turn_through(stack, rewrite, asked=asked)
     engine, agent = json.loads(sent), json.loads(got)
     (choice,) = agent["choices"]
     (whole,) = engine["choices"]
@@ -121,3 +132,14 @@ async def test_the_agent_gets_what_it_asked_for(stack: OpenStack, asked: dict[st
         k: v for k, v in engine.items() if k != "choices"
     }
     assert log_probs == 4  # the record has them whatever the agent asked
+
+
+async def test_a_streamed_answer_carries_the_log_probs_asked_for(stack: OpenStack) -> None:
+    asked = {"logprobs": True, "stream": True}
+    sent, got, log_probs = await turn_through(stack, compact, asked=asked, streamed=True)
+    first, done = got.split(b"\n\n")[:2]
+    chunk = json.loads(first.removeprefix(b"data: "))
+    assert done == b"data: [DONE]" and chunk["object"] == "chat.completion.chunk"
+    (choice,) = chunk["choices"]
+    assert choice["logprobs"] == json.loads(sent)["choices"][0]["logprobs"]
+    assert choice["logprobs"]["content"] and log_probs == 4

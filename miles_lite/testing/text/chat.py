@@ -9,6 +9,7 @@ and answers in the captures' shape (:mod:`.chat_answers`), whole or streamed.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -184,4 +185,11 @@ class ChatEndpoint:
             chat_choice(state.tokenizer, i, answer, prompt, options)
             for i, answer in enumerate(answers)
         ]
-        return web.json_response(chat_response(rid, options, choices, answers, len(prompt)))
+        # Compact, as SGLang writes its answers (orjson): no spaces.
+        return web.json_response(
+            chat_response(rid, options, choices, answers, len(prompt)), dumps=_compact
+        )
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
