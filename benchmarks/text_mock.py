@@ -1,7 +1,7 @@
 """A fast mock SGLang text engine for the text-layer benchmark, run in its own process.
 
 It answers ``/generate`` and ``/v1/chat/completions`` from prebuilt answers (so it never
-caps the measurement), in the captures' shape, with the ids and log-probs of a fixed
+caps the measurement), in the captures' shape (compact JSON, as SGLang writes it), with the ids and log-probs of a fixed
 ground truth (:func:`output_ids`, :func:`output_log_prob`). ``token_latency_s`` > 0 holds
 each request for ``max_new_tokens * token_latency_s``; ``/abort_request`` (rid or
 ``abort_all``) ends a held request at once with its partial output; ``/v1/loads`` reports
@@ -34,6 +34,11 @@ from aiohttp import web
 
 IM_START, IM_END = 151644, 151645
 ROLE_IDS = {"system": 8948, "user": 872, "assistant": 77091, "tool": 872}
+
+
+def compact(value: Any) -> str:
+    """JSON as SGLang writes its answers (orjson): no spaces."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 def output_ids(n: int) -> list[int]:
@@ -78,7 +83,7 @@ class MockEngine:
                     "weight_versions": [{"version": "default", "start": 0, "end": n}],
                 },
             }
-            body = self._bodies[n] = json.dumps(answer).encode()
+            body = self._bodies[n] = compact(answer).encode()
         return body
 
     async def hold(self, rid: str, n: int) -> int:
@@ -114,7 +119,7 @@ class MockEngine:
                 completion_tokens=made,
                 output_token_logprobs=answer["meta_info"]["output_token_logprobs"][:made],
             )
-            return web.json_response(answer)
+            return web.json_response(answer, dumps=compact)
         data = self.generate_body(n).replace(b"__RID__", rid.encode(), 1)
         return web.Response(body=data, content_type="application/json")
 
@@ -147,7 +152,7 @@ class MockEngine:
                     "logprob": output_log_prob(i),
                 }
                 content.append({**token, "top_logprobs": [token]})
-            text = self._chat_log_probs[n] = json.dumps({"content": content})
+            text = self._chat_log_probs[n] = compact({"content": content})
         return text
 
     async def chat(self, request: web.Request) -> web.Response:
@@ -196,11 +201,11 @@ class MockEngine:
             "metadata": {"weight_version": "default", "weight_versions": []},
         }
         if not body.get("logprobs"):
-            return web.json_response(answer)
+            return web.json_response(answer, dumps=compact)
         # The prebuilt log-probs spliced in: encoding them again each answer would make
         # the mock, not the layer, what a session server's row measures.
         choice["logprobs"] = "@logprobs@"
-        text = json.dumps(answer).replace('"@logprobs@"', self.chat_log_probs(made), 1)
+        text = compact(answer).replace('"@logprobs@"', self.chat_log_probs(made), 1)
         return web.Response(text=text, content_type="application/json")
 
     async def abort(self, request: web.Request) -> web.Response:
