@@ -225,8 +225,7 @@ def _prompt_ids(
     writes them, without spaces), they are ``sent`` itself: the engine ran them, and
     nothing is decoded."""
     if isinstance(prompt_ids, msgspec.Raw):
-        # bytes(), not memoryview(): a memoryview compares item by item (20x slower).
-        if isinstance(sent, list) and sent and bytes(prompt_ids) == _json.dumps(sent):
+        if isinstance(sent, list) and sent and _same_json(prompt_ids, sent):
             return sent
         try:
             checked: list[int] = msgspec.json.decode(prompt_ids, type=_ids_type(vocab_size))
@@ -254,6 +253,15 @@ def _prompt_ids(
     raise EngineProtocolError(
         f"chat answer's prompt_token_ids hold ids outside [0, {vocab_size})", **where
     )
+
+
+def _same_json(raw: msgspec.Raw, ids: list[Any]) -> bool:
+    """Whether ``raw`` is ``ids`` written as SGLang writes them (compact)."""
+    try:
+        # bytes(), not memoryview(): a memoryview compares item by item (20x slower).
+        return bytes(raw) == _json.dumps(ids, strict=False)
+    except TypeError:  # not ids JSON can hold: not what was sent as JSON
+        return False
 
 
 @functools.lru_cache(maxsize=16)

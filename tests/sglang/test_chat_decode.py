@@ -102,6 +102,7 @@ def test_the_ids_sent_and_echoed_byte_for_byte_are_taken_as_sent() -> None:
         (b"[1, 2, 3]", [1, 2, 3]),  # the same ids, written with spaces
         (b"[1,2,3]", [1, 2, 4]),  # other ids: read, for the caller to compare
         (b"[1,2,3]", None),  # nothing sent as ids (the engine rendered the messages)
+        (b"[1,2,3]", [1, 2, object()]),  # not ids at all: no JSON to compare
     ],
 )
 def test_ids_echoed_otherwise_are_read_and_checked(raw: bytes, sent: list[int] | None) -> None:
