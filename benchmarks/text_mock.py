@@ -1,8 +1,9 @@
 """A fast mock SGLang text engine for the text-layer benchmark, run in its own process.
 
 It answers ``/generate`` and ``/v1/chat/completions`` from prebuilt answers (so it never
-caps the measurement), in the captures' shape (compact JSON, as SGLang writes it), with the ids and log-probs of a fixed
-ground truth (:func:`output_ids`, :func:`output_log_prob`). ``token_latency_s`` > 0 holds
+caps the measurement), in the captures' shape (compact JSON, as SGLang writes it), with
+the ids and log-probs of a fixed ground truth (:func:`output_ids`,
+:func:`output_log_prob`). ``token_latency_s`` > 0 holds
 each request for ``max_new_tokens * token_latency_s``; ``/abort_request`` (rid or
 ``abort_all``) ends a held request at once with its partial output; ``/v1/loads`` reports
 what is held. Chat prompts are "tokenized" by a toy append-only template (see
