@@ -5,9 +5,12 @@ A frame is ``[kind, call, *args]``. ``call`` 0 is a notice (no answer); any othe
 is a request, answered by a ``reply`` frame with the same number, a ``fail`` frame when it
 raised (the asker raises :class:`~miles_lite.errors.WorkerTaskError` with its trace), or
 not at all when the asker cancels it with a ``cancel`` frame (the answering side cancels
-the request's task).
+the request's work).
 Both sides run the same :class:`Link`; what a side answers is its ``requests`` and
-``notices`` callables.
+``notices`` callables. Requests are answered by reused tasks (an idle one is handed the
+next request; a new one only when none is idle) and a call waits on a bare future: the
+main process answers a request every turn, and an anyio task started for each cost more
+CPU than the hand-over.
 
 Turn records cross as packed arrays (:func:`pack_record`): token ids as ``array('i')``
 bytes, log-probs as ``array('d')`` bytes, one C-speed copy each way, never a Python
@@ -16,6 +19,7 @@ object per token on the wire.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import struct
@@ -57,17 +61,8 @@ _REQUESTS_A_STEP = 4
 #: for a notice (run inline, in frame order).
 Requests = Callable[[str, list[Any]], Awaitable[Any]]
 Notices = Callable[[str, list[Any]], None]
-
-
-class _Pending:
-    """A request awaiting its reply."""
-
-    __slots__ = ("done", "error", "value")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
+#: A request for an answerer: what answers it, its kind, call number, arguments and scope.
+_Job = tuple[Requests, str, int, list[Any], anyio.CancelScope]
 
 
 class Link:
@@ -86,8 +81,14 @@ class Link:
         self._sent_count = 0
         self._progress = anyio.Event()
         self._calls = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
+        #: Calls awaiting their reply: a future each (its value the reply, or the error).
+        self._pending: dict[int, asyncio.Future[Any]] = {}
         self._running: dict[int, anyio.CancelScope] = {}
+        #: Answerers waiting for a request (see :meth:`_answerer`), answerer tasks started
+        #: so far, and those still running (idle ones included).
+        self._idle: list[asyncio.Future[_Job | None]] = []
+        self.answerers_started = 0
+        self.answerers = 0
         self.lost: str | None = None
 
     async def post(self, kind: str, *args: Any) -> None:
@@ -107,24 +108,20 @@ class Link:
         :class:`~miles_lite.errors.WorkerCrashedError` when the other end is gone."""
         self._check_lost()
         call = next(self._calls)
-        pending = self._pending[call] = _Pending()
-        done = False
+        pending = self._pending[call] = asyncio.get_running_loop().create_future()
         try:
             self._put([kind, call, *args])
-            await pending.done.wait()
-            done = True
+            return await pending
         finally:
             self._pending.pop(call, None)
-            if not done and self.lost is None:
+            if pending.cancelled() and self.lost is None:  # the asker went away
                 self._put(["cancel", call])
-        if pending.error is not None:
-            raise pending.error
-        return pending.value
 
     async def serve(self, requests: Requests, notices: Notices, tg: TaskGroup) -> None:
         """Read frames until the other end closes the link: replies resolve
-        :meth:`call`, requests run in ``tg``, notices inline. Returns once the link is
-        lost (:attr:`lost` says why); pending calls then fail."""
+        :meth:`call`, requests run in answerer tasks in ``tg``, notices inline. Returns
+        once the link is lost (:attr:`lost` says why); pending calls then fail and idle
+        answerers end."""
         try:
             async with anyio.create_task_group() as writing:
                 writing.start_soon(self._writer)
@@ -139,6 +136,10 @@ class Link:
                 self.lost = f"the link to {self._peer} was closed here"
             self._progressed()
             self._fail_pending()
+            while self._idle:  # nothing more to answer: idle answerers end
+                waiter = self._idle.pop()
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def _read(self, requests: Requests, notices: Notices, tg: TaskGroup) -> None:
         started = 0
@@ -155,7 +156,11 @@ class Link:
                         scope.cancel()
                 elif call:
                     scope = self._running[call] = anyio.CancelScope()
-                    tg.start_soon(self._answer, requests, kind, call, args, scope)
+                    job = (requests, kind, call, args, scope)
+                    if not self._hand(job):
+                        self.answerers_started += 1
+                        self.answerers += 1
+                        tg.start_soon(self._answerer, job)
                     started += 1
                     if started % _REQUESTS_A_STEP == 0:
                         await anyio.lowlevel.checkpoint()
@@ -213,37 +218,57 @@ class Link:
         with anyio.move_on_after(1.0, shield=True):
             await self._stream.aclose()
 
-    async def _answer(
-        self, requests: Requests, kind: str, call: int, args: list[Any], scope: anyio.CancelScope
-    ) -> None:
+    def _hand(self, job: _Job) -> bool:
+        """Hand ``job`` to an idle answerer; False when none is idle."""
+        while self._idle:
+            waiter = self._idle.pop()
+            if not waiter.done():  # else its answerer was cancelled
+                waiter.set_result(job)
+                return True
+        return False
+
+    async def _answerer(self, job: _Job | None) -> None:
+        """Answer the requests handed to this task, one at a time, each in its own scope
+        (a ``cancel`` frame cancels that request alone), waiting idle between them, until
+        the link is lost."""
         try:
-            with scope:
+            while job is not None:
+                requests, kind, call, args, scope = job
                 try:
-                    frame = ["reply", call, await requests(kind, args)]
-                except Exception as exc:  # the asker gets it, with its trace
-                    frame = ["fail", call, f"{type(exc).__name__}: {exc}", format_exc()]
-                self._put(frame)
+                    with scope:
+                        try:
+                            frame = ["reply", call, await requests(kind, args)]
+                        except Exception as exc:  # the asker gets it, with its trace
+                            frame = ["fail", call, f"{type(exc).__name__}: {exc}", format_exc()]
+                        self._put(frame)
+                finally:
+                    self._running.pop(call, None)
+                if self.lost is not None:
+                    return
+                waiter: asyncio.Future[_Job | None] = asyncio.get_running_loop().create_future()
+                self._idle.append(waiter)
+                job = await waiter
         finally:
-            self._running.pop(call, None)
+            self.answerers -= 1
 
     def _resolve(self, call: int, value: Any) -> None:
         pending = self._pending.get(call)
-        if pending is not None:
-            pending.value = value
-            pending.done.set()
+        if pending is not None and not pending.done():
+            pending.set_result(value)
 
     def _fail(self, call: int, message: str, trace: str) -> None:
         pending = self._pending.get(call)
-        if pending is not None:
-            pending.error = WorkerTaskError(
+        if pending is not None and not pending.done():
+            error = WorkerTaskError(
                 f"{self._peer} failed the request: {message}", remote_traceback=trace
             )
-            pending.done.set()
+            pending.set_exception(error)
 
     def _fail_pending(self) -> None:
         for pending in self._pending.values():
-            pending.error = WorkerCrashedError(f"{self.lost}: {self._peer} did not answer")
-            pending.done.set()
+            if not pending.done():
+                error = WorkerCrashedError(f"{self.lost}: {self._peer} did not answer")
+                pending.set_exception(error)
         self._pending.clear()
         for scope in self._running.values():
             scope.cancel()

@@ -15,6 +15,7 @@ from miles_lite.agentic.ipc import Link, pack_record, unpack_record
 from miles_lite.errors import WorkerCrashedError, WorkerTaskError
 from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.types import WeightSpan
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -25,6 +26,8 @@ class Other:
     def __init__(self) -> None:
         self.notices: list[tuple[str, list[Any]]] = []
         self.cancelled = anyio.Event()
+        self.release = anyio.Event()
+        self.holding = 0
         #: Loop steps counted by :meth:`count_steps` (``step`` answers the count).
         self.steps = 0
 
@@ -39,6 +42,11 @@ class Other:
             return args
         if kind == "step":
             return self.steps
+        if kind == "hold":  # until released
+            self.holding += 1
+            await self.release.wait()
+            self.holding -= 1
+            return args
         if kind == "sleep":
             try:
                 await anyio.sleep_forever()
@@ -140,6 +148,34 @@ async def test_a_lost_link_fails_what_waits_and_what_is_asked_after() -> None:
         assert len(failures) == 1 and "did not answer" in str(failures[0])
         with pytest.raises(WorkerCrashedError, match="nothing more can be asked"):
             await asker.call("echo")
+
+
+async def test_requests_reuse_idle_answerers_and_they_end_with_the_link() -> None:
+    async with linked() as (asker, other, answerer):
+        for i in range(50):  # one after the other: one answerer answers them all
+            assert await asker.call("echo", i) == [i]
+        assert answerer.answerers_started == 1
+        # A request cancelled mid-answer leaves its answerer serving the next one (idle
+        # again in the step in which its work saw the cancellation).
+        with anyio.move_on_after(0.2):
+            await asker.call("sleep")
+        with anyio.fail_after(5):
+            await other.cancelled.wait()
+        assert await asker.call("echo", "next") == ["next"]
+        assert answerer.answerers_started == 1
+        # Eight held at once: eight answerers, idle again once released, and kept: a
+        # second burst of eight starts none.
+        for _ in range(2):
+            other.release = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(asker.call, "hold", i)
+                await wait_until(lambda: other.holding == 8)
+                other.release.set()
+            assert answerer.answerers_started == answerer.answerers == 8
+        # The link lost: the idle answerers end (their task group is not cancelled).
+        await asker.aclose()
+        await wait_until(lambda: answerer.answerers == 0)
 
 
 def test_a_record_packs_into_arrays_and_back_unchanged() -> None:
