@@ -32,6 +32,7 @@ import anyio
 import msgspec
 from anyio.abc import ByteStream, TaskGroup
 
+from miles_lite._core.idle import IdleWorkers
 from miles_lite.errors import WorkerCrashedError, WorkerTaskError
 from miles_lite.sglang.chat_wire import TurnRecord
 from miles_lite.types import WeightSpan
@@ -86,7 +87,7 @@ class Link:
         self._running: dict[int, anyio.CancelScope] = {}
         #: Answerers waiting for a request (see :meth:`_answerer`), answerer tasks started
         #: so far, and those still running (idle ones included).
-        self._idle: list[asyncio.Future[_Job | None]] = []
+        self._idle: IdleWorkers[_Job] = IdleWorkers()
         self.answerers_started = 0
         self.answerers = 0
         self.lost: str | None = None
@@ -136,10 +137,7 @@ class Link:
                 self.lost = f"the link to {self._peer} was closed here"
             self._progressed()
             self._fail_pending()
-            while self._idle:  # nothing more to answer: idle answerers end
-                waiter = self._idle.pop()
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._idle.release()  # nothing more to answer: idle answerers end
 
     async def _read(self, requests: Requests, notices: Notices, tg: TaskGroup) -> None:
         started = 0
@@ -157,7 +155,7 @@ class Link:
                 elif call:
                     scope = self._running[call] = anyio.CancelScope()
                     job = (requests, kind, call, args, scope)
-                    if not self._hand(job):
+                    if not self._idle.hand(job):
                         self.answerers_started += 1
                         self.answerers += 1
                         tg.start_soon(self._answerer, job)
@@ -218,15 +216,6 @@ class Link:
         with anyio.move_on_after(1.0, shield=True):
             await self._stream.aclose()
 
-    def _hand(self, job: _Job) -> bool:
-        """Hand ``job`` to an idle answerer; False when none is idle."""
-        while self._idle:
-            waiter = self._idle.pop()
-            if not waiter.done():  # else its answerer was cancelled
-                waiter.set_result(job)
-                return True
-        return False
-
     async def _answerer(self, job: _Job | None) -> None:
         """Answer the requests handed to this task, one at a time, each in its own scope
         (a ``cancel`` frame cancels that request alone), waiting idle between them, until
@@ -245,9 +234,7 @@ class Link:
                     self._running.pop(call, None)
                 if self.lost is not None:
                     return
-                waiter: asyncio.Future[_Job | None] = asyncio.get_running_loop().create_future()
-                self._idle.append(waiter)
-                job = await waiter
+                job = await self._idle.wait()
         finally:
             self.answerers -= 1
 

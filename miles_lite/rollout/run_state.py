@@ -4,7 +4,6 @@ which are kept, the workers and the hand-over of units, the early stop, and the 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections import deque
@@ -16,6 +15,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
+from miles_lite._core.idle import IdleWorkers
 from miles_lite.errors import GenerateError, MilesLiteError
 from miles_lite.rollout.context import RunContext
 from miles_lite.rollout.filters import GroupFilter, apply_filters
@@ -108,9 +108,7 @@ class RunState:
         self.restarts: deque[int] = deque()  # refused groups to start again
         self.over = False  # the result is made: refusals change nothing
         self.unfinished: dict[int, int] = {}  # units of each started group still running
-        # Workers waiting for a unit: an asyncio future each, the leanest wait there is (an
-        # anyio or asyncio Event is a future plus a deque and a lock).
-        self.idle: list[asyncio.Future[_Job | None]] = []
+        self.idle: IdleWorkers[_Job] = IdleWorkers()  # workers waiting for a unit
         self.closing = False  # no unit comes any more: idle workers end
 
     async def execute(self) -> RolloutResult:
@@ -217,17 +215,8 @@ class RunState:
 
     def _hand_out(self, tg: TaskGroup, job: _Job) -> None:
         """Give ``job`` to an idle worker, or to a new one when none is idle."""
-        if not self._wake_idle(job):
+        if not self.idle.hand(job):
             tg.start_soon(self._work, job)
-
-    def _wake_idle(self, job: _Job | None) -> bool:
-        """Hand ``job`` to an idle worker (None: it ends); False when none is idle."""
-        while self.idle:
-            waiter = self.idle.pop()
-            if not waiter.done():  # else its worker was cancelled
-                waiter.set_result(job)
-                return True
-        return False
 
     async def _work(self, job: _Job | None) -> None:
         """A worker: runs the units it is handed (and ends the groups they complete),
@@ -269,15 +258,12 @@ class RunState:
                 await self._end_group(index)
             if self.closing:
                 return
-            waiter = asyncio.get_running_loop().create_future()
-            self.idle.append(waiter)
-            job = await waiter
+            job = await self.idle.wait()
 
     def _release_workers(self) -> None:
         """The run is over: idle workers end (a unit still running ends its worker)."""
         self.closing = True
-        while self._wake_idle(None):
-            pass
+        self.idle.release()
 
     def _fits(self) -> bool:
         """Whether the next group may start under ``max_started_samples``."""
