@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from miles_lite._core.memo import SharedCalls
 from miles_lite._core.validate import check_int
 from miles_lite.engine.router import Router
 from miles_lite.sglang.sampling import TextSamplingParams
@@ -56,7 +57,11 @@ class TextContext:
       context (prompt + output tokens), ``None`` if unknown; ``vocab_size``: ids an
       answer may hold are checked to lie below it (``None``: only that they are ints >= 0);
     - ``tokenize_threads``: worker threads for tokenizing and chat templating (see
-      :meth:`off_loop`).
+      :meth:`off_loop`);
+    - ``recent_prompts``: the checked ids of recent prompts, by content (a group's samples
+      tokenize their prompt once: :func:`~miles_lite.text.tokenize.sample_prompt_ids`);
+      ``chat_template_compiled``: a chat prompt was rendered (short ones may now be
+      rendered on the loop: :func:`~miles_lite.text.tokenize.prompt_ids`).
     """
 
     tokenizer: Any
@@ -69,6 +74,10 @@ class TextContext:
     _payload: dict[str, Any] = field(init=False, repr=False)
     _mutable_keys: tuple[str, ...] = field(init=False, repr=False)
     _threads: TokenizerThreads | None = field(default=None, init=False, repr=False)
+    recent_prompts: SharedCalls[list[int]] = field(
+        default_factory=lambda: SharedCalls(list.copy), init=False, repr=False
+    )
+    chat_template_compiled: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_int("TextContext", "tokenize_threads", self.tokenize_threads)

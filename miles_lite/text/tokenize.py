@@ -1,11 +1,14 @@
 """The one place a text prompt becomes token ids: plain text, chat ``messages`` through the
 tokenizer's template, given ids, or text and images through a processor. Off the loop, but
-for the short text after a chat turn that proven template glue gives (:func:`ids_after_turn`)."""
+for short text: a short prompt (:func:`prompt_ids`) and the short text after a chat turn
+that proven template glue gives (:func:`ids_after_turn`)."""
 
 from __future__ import annotations
 
 import base64
 import io
+import math
+import pickle
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -16,11 +19,14 @@ from miles_lite.text.template_glue import TemplateGlue, render_after_turn
 from miles_lite.types import Sample, checked_token_ids
 
 __all__ = [
+    "MESSAGE_CHARS",
     "ON_LOOP_CHARS",
+    "ON_LOOP_PROMPT_CHARS",
     "encode",
     "encode_text",
     "ids_after_turn",
     "image_data_urls",
+    "prompt_chars",
     "prompt_ids",
     "render",
     "sample_prompt_ids",
@@ -30,6 +36,19 @@ __all__ = [
 #: Text after a model turn up to this many characters, from proven glue, is encoded on the
 #: event loop (at most ~0.2 ms there); longer text, or a full render, in a worker thread.
 ON_LOOP_CHARS = 512
+
+#: A prompt that costs at most this many characters to tokenize (:func:`prompt_chars`) is
+#: tokenized on the event loop: 0.25-0.6 ms there (the Qwen3 template, Jinja included),
+#: and less of the loop's CPU than a worker-thread hop when the loop is busy
+#: (``benchmarks/prompts.py``: a hop a group cost the loop about 0.5 ms more than the
+#: work itself). A longer one goes to a worker thread, where the encode lets the GIL go.
+ON_LOOP_PROMPT_CHARS = 1024
+
+#: What a chat message costs the template, in characters of text (a Qwen3 render takes
+#: about 35 us more a message; encoding takes about 0.3 us a character).
+MESSAGE_CHARS = 128
+
+_PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
 
 
 async def render(
@@ -172,18 +191,51 @@ async def prompt_ids(
     ctx: TextContext, prompt: str | list[dict[str, Any]], *, tools: Sequence[Any] | None = None
 ) -> list[int]:
     """The token ids of a text prompt, or of a chat ``messages`` list through the
-    tokenizer's chat template (with the generation prompt and ``tools``). Off the loop."""
-    if isinstance(prompt, str):
-        return await encode(ctx, prompt)
+    tokenizer's chat template (with the generation prompt and ``tools``).
+
+    A chat prompt is rendered and its text encoded without special tokens added: what
+    ``apply_chat_template(..., tokenize=True)`` does, through :func:`encode_text` (a
+    fifth less CPU for a 160-token prompt here: transformers' own call builds a
+    ``BatchEncoding`` around the encode). A short prompt (:func:`prompt_chars` at most
+    :data:`ON_LOOP_PROMPT_CHARS`, no ``tools``) on the event loop, anything longer in one
+    worker-thread call."""
     tokenizer = ctx.tokenizer
-    ids = await ctx.off_loop(
-        lambda: tokenizer.apply_chat_template(
-            prompt, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=True
+
+    def work() -> list[int]:
+        if isinstance(prompt, str):
+            return encode_text(tokenizer, prompt)
+        text = tokenizer.apply_chat_template(
+            prompt, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False
         )
-    )
-    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding for chat templates
-        ids = list(ids["input_ids"])
+        return encode_text(tokenizer, text)
+
+    chat = not isinstance(prompt, str)
+    # The first render compiles the template (about 20 ms): in a worker thread.
+    if (
+        tools is None
+        and (ctx.chat_template_compiled or not chat)
+        and prompt_chars(prompt) <= ON_LOOP_PROMPT_CHARS
+    ):
+        return work()
+    ids = await ctx.off_loop(work)
+    ctx.chat_template_compiled |= chat and tools is None  # with tools: maybe another one
     return ids
+
+
+def prompt_chars(prompt: str | list[dict[str, Any]]) -> float:
+    """How much tokenizing ``prompt`` costs, in characters of text: its length, or a chat
+    prompt's text with :data:`MESSAGE_CHARS` more a message for the template's work;
+    infinite for a message holding more than a role, a name and text content (tool
+    calls, content parts: the template does more for those)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    total = 0
+    for message in prompt:
+        content = message.get("content")
+        if not (isinstance(content, str) and message.keys() <= _PLAIN_MESSAGE_KEYS):
+            return math.inf
+        total += len(content) + MESSAGE_CHARS
+    return total
 
 
 async def sample_prompt_ids(
@@ -197,11 +249,15 @@ async def sample_prompt_ids(
       outputs (``pixel_values``, ``image_grid_thw``) land in
       ``sample.multimodal_train_inputs``;
     - given ids (``sample.tokens`` set before any response): sent as they are;
-    - otherwise :func:`prompt_ids`. Everything runs off the loop.
+    - otherwise :func:`prompt_ids` (a short prompt on the loop, the rest off it); the
+      processor off the loop.
 
     The ids come back as a new list, checked (ints in ``[0, ctx.vocab_size)``): a bad one
     raises :class:`~miles_lite.errors.SampleInvariantError` naming it, before anything is
-    sent.
+    sent. A text or chat prompt is tokenized once for the samples of its group (they ask
+    together: the first one's call is shared, ``ctx.recent_prompts``), and once again
+    only after it left the recent ones; prompts are told apart by their content (an
+    equal pickle), never by the object, which a caller may change between runs.
     """
     images = (sample.multimodal_inputs or {}).get("images")
     if images:
@@ -214,10 +270,30 @@ async def sample_prompt_ids(
         text = prompt if isinstance(prompt, str) else await render(ctx, prompt, tools)
         ids, train_inputs = await ctx.off_loop(_process, ctx.processor, text, list(images))
         sample.multimodal_train_inputs = train_inputs
-    elif sample.tokens and sample.response_length == 0:
-        ids = sample.tokens
-    else:
-        ids = await prompt_ids(ctx, sample.prompt, tools=tools)
+        return _checked(ctx, sample, ids)
+    if sample.tokens and sample.response_length == 0:
+        return _checked(ctx, sample, sample.tokens)
+
+    async def make() -> list[int]:
+        return _checked(ctx, sample, await prompt_ids(ctx, sample.prompt, tools=tools))
+
+    key = _prompt_key(sample.prompt, tools)
+    return await make() if key is None else await ctx.recent_prompts.get(key, make)
+
+
+def _prompt_key(prompt: Any, tools: Sequence[Any] | None) -> str | bytes | None:
+    """What tells a prompt (and its ``tools``) apart from another: the text itself, or the
+    pickle of both (types kept: ``1``, ``1.0`` and ``True`` differ, as a list and a
+    tuple do); None when it does not pickle (never shared)."""
+    if tools is None and type(prompt) is str:
+        return prompt
+    try:
+        return pickle.dumps((prompt, tools), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # anything a user's object raises: it is tokenized on its own
+        return None
+
+
+def _checked(ctx: TextContext, sample: Sample, ids: Sequence[int]) -> list[int]:
     try:
         return checked_token_ids(ids, ctx.vocab_size, name="prompt ids")
     except SampleInvariantError as exc:

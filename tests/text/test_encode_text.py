@@ -81,3 +81,51 @@ def test_a_tokenizer_that_is_not_transformers_is_asked() -> None:
 
     assert _plain_backend(Bytes()) is None
     assert encode_text(Bytes(), "ab") == [97, 98]
+
+
+CHATS: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": text}] for text in TEXTS if text
+] + [
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": "<think>\nadd\n</think>\n\n5"},
+        {"role": "user", "content": "And 2+4? <|im_end|> stays a token"},
+    ],
+    [
+        {"role": "user", "content": "Add 2 and 3."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "add", "arguments": {"a": 2, "b": 3}}}],
+        },
+        {"role": "tool", "content": "5"},
+    ],
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}},
+        },
+    }
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("split", [False, True])
+async def test_chat_prompt_ids_are_the_templates_own_tokenize(tokenizer: Any, split: bool) -> None:
+    # prompt_ids renders, then encodes the text: what apply_chat_template(tokenize=True)
+    # gives, with special tokens split or not as the tokenizer says.
+    from miles_lite.text.context import TextContext
+    from miles_lite.text.tokenize import prompt_ids
+
+    tokenizer.split_special_tokens = split
+    ctx = TextContext(tokenizer=tokenizer, router=None)  # type: ignore[arg-type]
+    for chat in CHATS:
+        for tools in (None, TOOLS):
+            want = tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True)
+            got = await prompt_ids(ctx, chat, tools=tools)
+            assert type(got) is list and got == list(want["input_ids"]), (chat, tools)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from miles_lite.errors import ConfigError
 from miles_lite.text.config import TextRolloutConfig
 from miles_lite.text.context import TextContext
-from miles_lite.text.tokenize import prompt_ids
+from miles_lite.text.tokenize import MESSAGE_CHARS, ON_LOOP_PROMPT_CHARS, prompt_chars, prompt_ids
 
 pytestmark = pytest.mark.anyio
 
@@ -62,3 +63,41 @@ def test_tokenize_threads_is_checked() -> None:
     with pytest.raises(ConfigError, match="tokenize_threads"):
         TextContext(tokenizer=None, router=None, tokenize_threads=0)  # type: ignore[arg-type]
     assert TextRolloutConfig().tokenize_threads >= 1
+
+
+async def test_short_prompts_are_tokenized_on_the_loop_long_ones_in_a_thread(
+    tokenizer: Any,
+) -> None:
+    # A hop costs a busy loop more CPU than tokenizing a short prompt on it
+    # (benchmarks/prompts.py); the first chat render compiles the template: in a thread.
+    state = TextContext(tokenizer=tokenizer, router=None)  # type: ignore[arg-type]
+    hops: list[Any] = []
+    real = state.off_loop
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        hops.append(fn)
+        return await real(fn, *args)
+
+    state.off_loop = counted  # type: ignore[method-assign]
+    chat = [{"role": "user", "content": "What is 2+3?"}]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    call = {"function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    calls = [*chat, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    steps: list[tuple[Any, Any, int]] = [
+        ("What is 2+3?", None, 0),
+        (chat, None, 1),  # the first chat render
+        (chat, None, 1),
+        ("word " * 300, None, 2),  # 1,500 characters
+        ([{"role": "user", "content": "word " * 200}] * 2, None, 3),
+        (chat, tools, 4),
+        (calls, None, 5),
+    ]
+    for prompt, with_tools, want_hops in steps:
+        ids = await prompt_ids(state, prompt, tools=with_tools)
+        assert ids and type(ids) is list
+        assert len(hops) == want_hops, prompt
+    assert state.chat_template_compiled
+    assert prompt_chars(chat) == len("What is 2+3?") + MESSAGE_CHARS
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is 2+3?"}]}]
+    assert prompt_chars(calls) == prompt_chars(parts) == math.inf
+    assert prompt_chars("word " * 300) > ON_LOOP_PROMPT_CHARS

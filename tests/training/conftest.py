@@ -4,7 +4,7 @@ a journal and a reward)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -13,7 +13,7 @@ import pytest
 
 from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
-from miles_lite.testing import TextPolicy, TextStandInConfig, TextStandInEngine
+from miles_lite.testing import TextPolicy, TextRule, TextStandInConfig, TextStandInEngine
 
 __all__ = ["Journaled", "OpenScripted", "Parity"]
 
@@ -34,17 +34,21 @@ class Parity:
 
 @pytest.fixture
 def scripted_rollout(tokenizer: Any) -> OpenScripted:
-    """``async with scripted_rollout(answer_tokens, token_latency_s, **config) as (rollout,
-    engine)``: a fresh scripted stand-in answering ``answer_tokens`` random tokens and
-    EOS, and a text rollout over it. ``config``: fields of :class:`TextRolloutConfig`,
+    """``async with scripted_rollout(answer_tokens, token_latency_s, rules=(), **config) as
+    (rollout, engine)``: a fresh scripted stand-in answering ``answer_tokens`` random tokens
+    and EOS (a prompt one of ``rules`` matches: its answer), and a text rollout over it. ``config``: fields of :class:`TextRolloutConfig`,
     the rest goes to :meth:`TextRollout.open` (``journal``, ``rewards``, ...)."""
 
     @asynccontextmanager
     async def open_rollout(
-        answer_tokens: int = 6, token_latency_s: float = 0.002, **config: Any
+        answer_tokens: int = 6,
+        token_latency_s: float = 0.002,
+        rules: Sequence[TextRule] = (),
+        **config: Any,
     ) -> AsyncIterator[tuple[TextRollout, TextStandInEngine]]:
         engine_config = TextStandInConfig(
-            token_latency_s=token_latency_s, policy=TextPolicy(default_length=answer_tokens)
+            token_latency_s=token_latency_s,
+            policy=TextPolicy(rules=rules, default_length=answer_tokens),
         )
         engine = TextStandInEngine(engine_config, tokenizer)
         await engine.__aenter__()

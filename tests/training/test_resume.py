@@ -12,6 +12,7 @@ import pytest
 
 from miles_lite import SampleStatus
 from miles_lite.rollout.groups import PromptGroup
+from miles_lite.testing import TextRule
 from miles_lite.training import batch_digest, read_resume, replay_step, training_batch
 from miles_lite.types import Sample
 
@@ -101,10 +102,12 @@ async def test_aborted_samples_are_journaled_and_resume_from_their_tokens(
 ) -> None:
     path = tmp_path / "run.db"
     settings = {"rollout_batch_size": 1, "over_sampling_batch_size": 3}
-    async with journaled(path, answer_tokens=120, token_latency_s=0.01, **settings) as (
-        rollout,
-        _,
-    ):
+    # The first prompt's short answer ends its group first: the stop aborts the others
+    # with some of their 120 tokens made.
+    first = (TextRule(r"count to 0", "zero, and done"),)
+    async with journaled(
+        path, answer_tokens=120, token_latency_s=0.01, rules=first, **settings
+    ) as (rollout, _):
         result = await rollout.run(prompts(3))
     aborted = [s for g in result.partial for s in g if s.status is SampleStatus.ABORTED]
     assert aborted and all(s.response_length > 0 for s in aborted)
