@@ -238,3 +238,19 @@ def test_the_text_layer_benchmark_refuses_fewer_than_one_chat_round() -> None:
     )
     assert out.returncode == 2
     assert "--chat-rounds must be at least 1, got 0" in out.stderr
+
+
+def test_prompts_benchmark_tokenizes_each_groups_prompt_once() -> None:
+    command = [sys.executable, "benchmarks/prompts.py", "--quick"]
+    run = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("{"))
+    result = json.loads(line)
+    # Counters, not timings (each sample's ids were checked by the run itself: the
+    # prompt's ids, then the mock's answer).
+    assert result["ids"]["tokenizer_calls_per_group"] == 0
+    assert result["chat"]["tokenizer_calls_per_group"] == 1
+    assert result["samples_per_group"] == 8 and result["groups"] == 64
+    assert "chat / ids throughput" in run.stdout
