@@ -5,6 +5,8 @@ most recent keys are kept."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import pytest
 
@@ -34,13 +36,22 @@ class Maker:
         return [self.key]
 
 
+def getter(
+    memo: SharedCalls[list[str]], make: Maker, got: list[list[str]]
+) -> Callable[[], Awaitable[None]]:
+    """A task's body: get ``make``'s key from ``memo`` into ``got``."""
+
+    async def get() -> None:
+        got.append(await memo.get(make.key, make))
+
+    return get
+
+
 async def test_callers_share_the_call_in_flight_then_its_kept_result() -> None:
     memo: SharedCalls[list[str]] = SharedCalls(list.copy)
     make = Maker("a")
     got: list[list[str]] = []
-
-    async def get() -> None:
-        got.append(await memo.get("a", make))
+    get = getter(memo, make, got)
 
     async with anyio.create_task_group() as tg:
         for _ in range(5):
@@ -90,13 +101,10 @@ async def test_a_cancelled_maker_leaves_its_waiters_to_make_their_own() -> None:
             scopes.append(scope)
             await memo.get("a", make)
 
-    async def waiter() -> None:
-        got.append(await memo.get("a", make))
-
     async with anyio.create_task_group() as tg:
         tg.start_soon(maker)
         await anyio.wait_all_tasks_blocked()
-        tg.start_soon(waiter)
+        tg.start_soon(getter(memo, make, got))
         await anyio.wait_all_tasks_blocked()
         assert make.calls == 1
         make.called = anyio.Event()
@@ -113,9 +121,7 @@ async def test_a_waiter_that_leaves_does_not_cancel_the_call() -> None:
     memo: SharedCalls[list[str]] = SharedCalls(list.copy)
     make = Maker("a")
     got: list[list[str]] = []
-
-    async def get() -> None:
-        got.append(await memo.get("a", make))
+    get = getter(memo, make, got)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(get)  # the maker
