@@ -14,6 +14,8 @@ from miles_lite._core.memo import SharedCalls
 
 pytestmark = pytest.mark.anyio
 
+Memo = SharedCalls[list[str], list[str]]
+
 
 class Maker:
     """``make()`` for a key: counts its calls (``called`` is set by each), waits for ``release`` (when given), then
@@ -36,9 +38,7 @@ class Maker:
         return [self.key]
 
 
-def getter(
-    memo: SharedCalls[list[str]], make: Maker, got: list[list[str]]
-) -> Callable[[], Awaitable[None]]:
+def getter(memo: Memo, make: Maker, got: list[list[str]]) -> Callable[[], Awaitable[None]]:
     """A task's body: get ``make``'s key from ``memo`` into ``got``."""
 
     async def get() -> None:
@@ -48,7 +48,7 @@ def getter(
 
 
 async def test_callers_share_the_call_in_flight_then_its_kept_result() -> None:
-    memo: SharedCalls[list[str]] = SharedCalls(list.copy)
+    memo: Memo = SharedCalls(list.copy)
     make = Maker("a")
     got: list[list[str]] = []
     get = getter(memo, make, got)
@@ -67,7 +67,7 @@ async def test_callers_share_the_call_in_flight_then_its_kept_result() -> None:
 
 
 async def test_a_failed_call_is_made_again_by_each_waiter() -> None:
-    memo: SharedCalls[list[str]] = SharedCalls(list.copy)
+    memo: Memo = SharedCalls(list.copy)
     make = Maker("a", fail=ValueError("bad template"))
     errors: list[BaseException] = []
 
@@ -91,7 +91,7 @@ async def test_a_failed_call_is_made_again_by_each_waiter() -> None:
 
 
 async def test_a_cancelled_maker_leaves_its_waiters_to_make_their_own() -> None:
-    memo: SharedCalls[list[str]] = SharedCalls(list.copy)
+    memo: Memo = SharedCalls(list.copy)
     make = Maker("a")
     got: list[list[str]] = []
     scopes: list[anyio.CancelScope] = []
@@ -118,7 +118,7 @@ async def test_a_cancelled_maker_leaves_its_waiters_to_make_their_own() -> None:
 
 
 async def test_a_waiter_that_leaves_does_not_cancel_the_call() -> None:
-    memo: SharedCalls[list[str]] = SharedCalls(list.copy)
+    memo: Memo = SharedCalls(list.copy)
     make = Maker("a")
     got: list[list[str]] = []
     get = getter(memo, make, got)
@@ -135,7 +135,7 @@ async def test_a_waiter_that_leaves_does_not_cancel_the_call() -> None:
 
 
 async def test_only_the_most_recent_keys_are_kept() -> None:
-    memo: SharedCalls[list[str]] = SharedCalls(list.copy, size=2)
+    memo: Memo = SharedCalls(list.copy, size=2)
     makers = {k: Maker(k) for k in "abc"}
     for maker in makers.values():
         maker.release = None
@@ -149,3 +149,30 @@ async def test_only_the_most_recent_keys_are_kept() -> None:
     assert [makers[k].calls for k in "abc"] == [1, 2, 2]
     with pytest.raises(ValueError, match="size must be >= 1"):
         SharedCalls(list.copy, size=0)
+    with pytest.raises(ValueError, match="cost and budget go together"):
+        SharedCalls(list.copy, budget=10)
+
+
+async def test_results_are_kept_within_their_budget_and_given_as_asked() -> None:
+    # Kept compact (a tuple), given as each caller's own list; at most 5 items kept.
+    memo: SharedCalls[tuple[str, ...], list[str]] = SharedCalls(list, cost=len, budget=5)
+
+    def make(key: str, n: int) -> Callable[[], Awaitable[tuple[str, ...]]]:
+        async def call() -> tuple[str, ...]:
+            made.append(key)
+            return (key,) * n
+
+        return call
+
+    made: list[str] = []
+    assert await memo.get("a", make("a", 2)) == ["a", "a"]
+    assert await memo.get("b", make("b", 3)) == ["b"] * 3
+    assert memo.kept_cost == 5
+    assert await memo.get("a", make("a", 2)) == ["a", "a"]  # kept: "a" is now the most recent
+    assert await memo.get("c", make("c", 2)) == ["c", "c"]  # "b" goes for it
+    assert memo.kept_cost == 4 and len(memo) == 2
+    assert await memo.get("big", make("big", 6)) == ["big"] * 6  # above the budget: not kept
+    assert memo.kept_cost == 4 and len(memo) == 2
+    for key, n in (("a", 2), ("b", 3), ("big", 6)):
+        await memo.get(key, make(key, n))
+    assert made == ["a", "b", "c", "big", "b", "big"]

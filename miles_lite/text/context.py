@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -14,9 +15,16 @@ from miles_lite._core.validate import check_int
 from miles_lite.engine.router import Router
 from miles_lite.sglang.sampling import TextSamplingParams
 
-__all__ = ["TextContext", "TokenizerThreads"]
+__all__ = ["RECENT_PROMPT_IDS", "TextContext", "TokenizerThreads"]
 
 T = TypeVar("T")
+
+#: How many prompt ids :attr:`TextContext.recent_prompts` keeps at most (8 MB as int64).
+RECENT_PROMPT_IDS = 1 << 20
+
+
+def _ids_of(kept: array[int]) -> list[int]:
+    return kept.tolist()
 
 
 @dataclass
@@ -59,7 +67,8 @@ class TextContext:
     - ``tokenize_threads``: worker threads for tokenizing and chat templating (see
       :meth:`off_loop`);
     - ``recent_prompts``: the checked ids of recent prompts, by content (a group's samples
-      tokenize their prompt once: :func:`~miles_lite.text.tokenize.sample_prompt_ids`);
+      tokenize their prompt once: :func:`~miles_lite.text.tokenize.sample_prompt_ids`),
+      kept as arrays, at most :data:`RECENT_PROMPT_IDS` ids in all;
       ``chat_template_compiled``: a chat prompt was rendered (short ones may now be
       rendered on the loop: :func:`~miles_lite.text.tokenize.prompt_ids`).
     """
@@ -74,8 +83,10 @@ class TextContext:
     _payload: dict[str, Any] = field(init=False, repr=False)
     _mutable_keys: tuple[str, ...] = field(init=False, repr=False)
     _threads: TokenizerThreads | None = field(default=None, init=False, repr=False)
-    recent_prompts: SharedCalls[list[int]] = field(
-        default_factory=lambda: SharedCalls(list.copy), init=False, repr=False
+    recent_prompts: SharedCalls[array[int], list[int]] = field(
+        default_factory=lambda: SharedCalls(_ids_of, cost=len, budget=RECENT_PROMPT_IDS),
+        init=False,
+        repr=False,
     )
     chat_template_compiled: bool = field(default=False, init=False, repr=False)
 

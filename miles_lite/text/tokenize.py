@@ -10,6 +10,7 @@ import io
 import math
 import pickle
 import sys
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -277,8 +278,11 @@ async def sample_prompt_ids(
     async def make() -> list[int]:
         return _checked(ctx, sample, await prompt_ids(ctx, sample.prompt, tools=tools))
 
+    async def make_kept() -> array[int]:
+        return array("q", await make())
+
     key = _prompt_key(sample.prompt, tools)
-    return await make() if key is None else await ctx.recent_prompts.get(key, make)
+    return await make() if key is None else await ctx.recent_prompts.get(key, make_kept)
 
 
 def _prompt_key(prompt: Any, tools: Sequence[Any] | None) -> str | bytes | None:

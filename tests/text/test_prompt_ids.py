@@ -11,6 +11,7 @@ import pytest
 from miles_lite import SampleStatus
 from miles_lite.errors import SampleInvariantError
 from miles_lite.text import tokenize
+from miles_lite.text.context import RECENT_PROMPT_IDS
 from tests.text.conftest import OpenRollout
 
 pytestmark = pytest.mark.anyio
@@ -52,6 +53,8 @@ async def test_a_groups_samples_tokenize_their_prompt_once(
         tokenizer.encode("What is 2+3?", add_special_tokens=False),
         _template_ids(tokenizer, other),
     ]
+    # Kept as arrays, counted in ids against RECENT_PROMPT_IDS.
+    assert memo.kept_cost == sum(map(len, want)) < RECENT_PROMPT_IDS
     sent = [r["input_ids"] for r in engine.stats.requests]
     assert sorted(map(tuple, sent)) == sorted(tuple(ids) for ids in want for _ in range(4))
     for group, ids in zip(result.groups, want, strict=True):
