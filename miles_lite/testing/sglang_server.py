@@ -32,7 +32,13 @@ import psutil
 from miles_lite.testing.errors import StandInError
 from miles_lite.testing.launcher import ServerProcess, free_port
 
-__all__ = ["SGLangServer", "SGLangServerConfig", "default_sglang_venv"]
+__all__ = [
+    "SGLangServer",
+    "SGLangServerConfig",
+    "default_sglang_venv",
+    "shm_leftovers",
+    "shm_names",
+]
 
 #: Pause between two ``/health`` probes while the server starts, in seconds.
 _POLL_S = 0.5
@@ -203,7 +209,7 @@ class SGLangServer(ServerProcess):
         # The server must not import this repo's packages or the caller's venv.
         env.pop("PYTHONPATH", None)
         env.pop("VIRTUAL_ENV", None)
-        self._shm_before = _sglang_segments()
+        self._shm_before = shm_names()
         self.launch(self.command(port), port=port, env=env)
         try:
             self.wait_ready(self._healthy, timeout_s=c.start_timeout_s, poll_s=_POLL_S)
@@ -223,27 +229,67 @@ class SGLangServer(ServerProcess):
         return functools.partial(_kill_tree, proc.pid, timeout_s)
 
     def after_stop(self) -> None:
-        # SGLang leaves its load-reporting segment behind when it is stopped: remove the
-        # ones that appeared while this server ran.
+        # Remove what the server left in shared memory (see shm_leftovers).
         if self._proc is None:
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=1.0)
-        for name in _sglang_segments() - self._shm_before:
+        for name in shm_leftovers(self._shm_before):
             with contextlib.suppress(OSError):
                 (_SHM / name).unlink()
 
 
-#: Where POSIX shared memory lives on Linux, and SGLang's segments' prefix there.
+#: Where POSIX shared memory lives on Linux, and the prefixes of what a server may leave
+#: there: SGLang's segments, and multiprocessing's named semaphores.
 _SHM = Path("/dev/shm")
-_SGLANG_SHM_PREFIX = "sglang_"
+_LEFTOVER_PREFIXES = ("sglang_", "sem.mp-")
 
 
-def _sglang_segments() -> frozenset[str]:
+def shm_names() -> frozenset[str]:
+    """The names in ``/dev/shm`` a server may leave behind (see :func:`shm_leftovers`)."""
     try:
-        return frozenset(p.name for p in _SHM.iterdir() if p.name.startswith(_SGLANG_SHM_PREFIX))
+        return frozenset(p.name for p in _SHM.iterdir() if p.name.startswith(_LEFTOVER_PREFIXES))
     except OSError:  # no /dev/shm (not Linux)
         return frozenset()
+
+
+def shm_leftovers(before: frozenset[str]) -> list[str]:
+    """The names of :func:`shm_names` that are not in ``before`` and that no live process
+    maps: what servers that ran since left behind. SGLang leaves its load-reporting segment
+    even when stopped cleanly; and when its process group is SIGKILLed (a crash, or the
+    chaos tier's kill), the resource tracker that would unlink its multiprocessing
+    semaphores dies with it. A name some process still maps is in use (another server's
+    segment, a pool's semaphore) and is never listed."""
+    new = shm_names() - before
+    if not new:
+        return []
+    mapped = _mapped_shm_inodes()
+    left = []
+    for name in sorted(new):
+        try:
+            inode = (_SHM / name).stat().st_ino
+        except OSError:  # gone meanwhile
+            continue
+        if inode not in mapped:
+            left.append(name)
+    return left
+
+
+def _mapped_shm_inodes() -> set[int]:
+    """The inodes of the ``/dev/shm`` files a live process maps (``/proc/*/maps``: by
+    inode, since a semaphore is mapped under the temporary name glibc made it with)."""
+    inodes: set[int] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        for line in text.splitlines():
+            if f" {_SHM}/" in line:
+                fields = line.split(maxsplit=5)
+                with contextlib.suppress(IndexError, ValueError):
+                    inodes.add(int(fields[4]))
+    return inodes
 
 
 def _kill_tree(pid: int, timeout_s: float) -> None:

@@ -30,6 +30,7 @@ from miles_lite import TextRollout, TextRolloutConfig, TextSamplingParams
 from miles_lite.engine.config import EngineClientConfig, EngineConfig, RetryPolicy, RouterConfig
 from miles_lite.rollout.result import RolloutResult
 from miles_lite.testing import SGLangServer, SGLangServerConfig, default_sglang_venv
+from miles_lite.testing.sglang_server import shm_leftovers, shm_names
 from tests.conftest import separate_tier
 
 HERE = Path(__file__).resolve().parent
@@ -169,6 +170,7 @@ def fleet() -> Iterator[Fleet]:
     venv = default_sglang_venv()
     if not (venv / "bin" / "python").exists():
         pytest.fail(f"no SGLang venv at {venv}: run scripts/sglang-cpu/setup.sh first")
+    before = shm_names()
     servers = [new_server(venv), new_server(venv)]
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -187,6 +189,9 @@ def fleet() -> Iterator[Fleet]:
     finally:
         for s in fleet.servers:
             s.stop()
+    # Killed servers too (their resource trackers died with them): nothing left behind.
+    left = shm_leftovers(before)
+    assert not left, f"the servers left shared memory behind: {left}"
 
 
 @asynccontextmanager

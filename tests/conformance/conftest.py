@@ -19,6 +19,7 @@ from types import ModuleType
 import pytest
 
 from miles_lite.testing import SGLangServer, SGLangServerConfig, default_sglang_venv
+from miles_lite.testing.sglang_server import shm_leftovers, shm_names
 from tests.conftest import separate_tier
 
 HERE = Path(__file__).resolve().parent
@@ -90,7 +91,7 @@ def api_types(sglang_site: Path) -> ModuleType:
 def sglang_server(sglang_venv: Path) -> Iterator[SGLangServer]:
     """One real server for the whole tier, stopped with all its children at the end, and
     with them the shared memory it made (SGLang leaves a load-reporting segment)."""
-    before = _sglang_segments()
+    before = shm_names()
     server = SGLangServer(SGLangServerConfig(venv=sglang_venv, start_timeout_s=TEST_TIMEOUT_S - 60))
     try:
         server.start()
@@ -100,12 +101,8 @@ def sglang_server(sglang_venv: Path) -> Iterator[SGLangServer]:
         yield server
     finally:
         server.stop()
-    left = _sglang_segments() - before
-    assert not left, f"the stopped server left shared memory behind: {sorted(left)}"
-
-
-def _sglang_segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("sglang_*")}
+    left = shm_leftovers(before)
+    assert not left, f"the stopped server left shared memory behind: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ The launcher against the real server is exercised by tests/conformance (its fixt
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ import pytest
 
 from miles_lite.testing import SGLangServer, SGLangServerConfig, StandInError
 from miles_lite.testing.launcher import free_port
+from miles_lite.testing.sglang_server import shm_leftovers, shm_names
 
 
 def fake_venv(tmp_path: Path, script: str) -> Path:
@@ -205,3 +207,31 @@ def test_sigterm_to_the_command_line_stops_its_server(tmp_path: Path) -> None:
             cli.kill()
             cli.wait()
         cli.stdout.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux: /dev/shm and /proc")
+def test_a_killed_servers_semaphores_are_removed_and_nothing_in_use_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A "server" that makes a multiprocessing semaphore (its resource tracker, a child of
+    # its own, would unlink it at exit), as SGLang's processes do, then answers /health.
+    script = "import multiprocessing\nlock = multiprocessing.get_context('spawn').Lock()\n"
+    venv = fake_venv(tmp_path, f'exec {sys.executable} -c "$HEALTH" "$@"\n')
+    monkeypatch.setenv("HEALTH", script + HEALTH_SERVER)
+    before = shm_names()
+    server = SGLangServer(SGLangServerConfig(venv=venv, stop_timeout_s=1))
+    with server:
+        made = {n for n in shm_names() - before if n.startswith("sem.mp-")}
+        assert made, "the fake server made no semaphore"
+        # Ours, made while the server runs, and in use: never taken for the server's.
+        ours = multiprocessing.get_context("spawn").Lock()
+        assert shm_leftovers(before) == []  # all mapped by a live process
+        assert server.pid is not None
+        os.killpg(server.pid, signal.SIGKILL)  # as the chaos tier kills an engine
+        psutil.wait_procs([psutil.Process(server.pid)], timeout=10)
+        # The tracker died with the group: the semaphore is left, and mapped by nobody.
+        assert made <= set(shm_leftovers(before)), shm_leftovers(before)
+    assert not made & shm_names()  # stop() removed them
+    assert shm_leftovers(before) == []
+    assert any(n.startswith("sem.mp-") for n in shm_names() - before)  # ours stays
+    del ours
