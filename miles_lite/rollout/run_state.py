@@ -104,6 +104,7 @@ class RunState:
         self.start_time = self.end_time = 0.0
         self.started = 0  # the next group never started yet
         self.active = 0  # groups started and not finished
+        self.ends_queued = 0  # groups ended whose end the scheduler has not counted yet
         self.hooks = hooks
         self.restarts: deque[int] = deque()  # refused groups to start again
         self.over = False  # the result is made: refusals change nothing
@@ -129,7 +130,7 @@ class RunState:
                         await self._schedule(tg)
                         self._release_workers()
                     finally:
-                        if not self.stopping.is_set() and self.active:
+                        if not self.stopping.is_set() and self._running():
                             # Cancelled from outside: still stop the engines' work.
                             await self._stop(tg)
             finally:
@@ -166,18 +167,22 @@ class RunState:
             if token == _WAKE:
                 continue
             if token == _STOP:
-                if self.active:
+                if self._running():
                     await self._stop(tg)
                 return
             self.started_samples -= self.started_sizes.pop(token)
             self.active -= 1
-            if len(self.kept) >= self.target:
-                if self.active:
-                    await self._stop(tg)
-                    return
-                if not (self.hooks is not None and self.hooks.holding()):
-                    return
-                # Nothing runs, but kept groups may still be refused (and started again).
+            self.ends_queued -= 1
+            if len(self.kept) >= self.target and self._running():
+                # Enough are kept and groups still run (not only ends yet to be counted
+                # here): stop them. Else the loop's head ends the run once every end is
+                # counted and no kept group may still be refused (and started again).
+                await self._stop(tg)
+                return
+
+    def _running(self) -> bool:
+        """Whether a started group has not ended (ends not yet counted do not run)."""
+        return self.active > self.ends_queued
 
     def _startable(self) -> int:
         """Groups that may start: refused ones to start again (once their first run's end
@@ -334,6 +339,7 @@ class RunState:
         else:
             self.filtered.append((index, verdict.reason or "filtered"))
         self.finished.add(index)
+        self.ends_queued += 1
         self.done_send.send_nowait(index)
         if self.hooks is not None:
             # After the end is queued: a refusal it makes is seen by the scheduler after.

@@ -306,3 +306,13 @@ async def test_units_run_on_reused_workers_not_a_task_each() -> None:
     assert sorted(kind.sent) == list(range(240))
     assert all(s.reward == float(s.index) for s in result.samples)
     assert created <= 8
+
+
+async def test_groups_that_end_together_complete_the_run_without_a_stop() -> None:
+    # Every group ends in one loop iteration, before the scheduler counts any end: the
+    # target is met with ends still queued, and nothing runs that a stop could abort.
+    kind = Kind(lambda s: 0.0)
+    driver = Driver(kind, Scorer({}, reward=None, group_reward=None))
+    result = await driver.run(groups_of(["a", "b", "c"]), batch_size=3)
+    assert len(result.groups) == 3 and result.partial == []
+    assert kind.aborts == 0 and "perf/stop_time" not in result.metrics
