@@ -210,11 +210,15 @@ class Fleet:
 
         An engine a catch-up is loading weights into is left to it (a version read
         mid-load can come before the cache flush); ``settle`` waits for that try to end
-        first, so that what the engine reports then decides at once."""
-        trying = self._updating.get(engine.url) if settle else None
-        if trying is not None:
-            await trying.wait()
-        version = await self.read_version(engine)
+        first (also for one that started while the version was read, which is then read
+        again), so that what the engine reports then decides at once."""
+        while True:
+            trying = self._updating.get(engine.url) if settle else None
+            if trying is not None:
+                await trying.wait()
+            version = await self.read_version(engine)
+            if not settle or engine.url not in self._updating:
+                break
         if engine.url not in self._balancer.by_url or engine.draining:
             return version
         if version is None and (self._versions.current is not None or not engine.checking):

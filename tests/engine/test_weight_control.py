@@ -222,3 +222,46 @@ async def test_leases_wait_while_the_router_holds_them() -> None:
                 with pytest.raises(RuntimeError, match="already in effect"), router.holding():
                     pass
             await wait_until(lambda: got == ["http://a"])
+
+
+async def test_a_version_read_overtaken_by_a_catch_up_try_is_read_again_after_it() -> None:
+    # check_versions reads b's version as b's catch-up starts its next try: a read made
+    # mid-load may come before the flush, so it waits for the try and reads again. b was
+    # brought to the version by hand, so it rejoins although the try itself failed.
+    reported = {"http://a": "0", "http://b": "0"}
+    held = {"http://b": False}  # True: b's next version read waits for a load to start
+    waiting = anyio.Event()  # that read waits
+    loading = anyio.Event()
+    loads: list[str] = []
+
+    async def handler(request: Request) -> MockResponse:
+        url = request.url
+        if request.path == "/model_info":
+            if held.get(url):
+                held[url] = False
+                waiting.set()
+                await loading.wait()
+            return MockResponse.json({"weight_version": reported[url]})
+        if request.path == "/update_weights_from_disk":
+            loads.append(url)
+            if url == "http://b":
+                if waiting.is_set():
+                    loading.set()
+                return MockResponse.json({"success": False, "message": "does not fit"}, 400)
+            reported[url] = "1"
+            return MockResponse.json({"success": True, "message": "ok"})
+        return MockResponse.json({"status": "ok"})
+
+    config = RouterConfig(max_inflight_per_engine=4, health_interval_s=60.0)
+    async with (
+        EngineClient(ONE_TRY, transport=MockTransport(handler)) as client,
+        Router(["http://a", "http://b"], client, config) as router,
+    ):
+        report = await router.update_weights("/ckpt", version="1", check=False)
+        assert report.behind == ("http://b",)
+        await wait_until(lambda: router.statistics().fleet.catch_up_failures == 1)
+        reported["http://b"] = "1"  # updated by hand, while its catch-up waits to try again
+        held["http://b"] = True
+        assert await router.check_versions() == {"http://b": "1"}
+        assert loads.count("http://b") == 3  # the update's, and two catch-up tries
+        assert router.healthy_urls == ("http://a", "http://b")
