@@ -20,8 +20,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -330,8 +329,10 @@ def _count(meta: Mapping[str, Any], key: str, where: Mapping[str, str | None]) -
 
 
 class _Triple(msgspec.Struct, array_like=True, gc=False):
-    logprob: float
-    id: int
+    # Bounds checked as the bytes are decoded, not in passes over the lists after (the
+    # vocabulary's bound, which varies, is one pass in _typed_answer).
+    logprob: Annotated[float, msgspec.Meta(le=0.0)]
+    id: Annotated[int, msgspec.Meta(ge=0)]
     text: str | None = None
 
 
@@ -364,8 +365,6 @@ class _Answer(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_Answer)
-_IDS = attrgetter("id")
-_LOGPROBS = attrgetter("logprob")
 
 
 def decode_generate_answer(
@@ -381,7 +380,7 @@ def decode_generate_answer(
     per field and triple on the usual path (see the module doc)."""
     try:
         wire = _DECODER.decode(body)
-    except msgspec.MsgspecError:
+    except msgspec.MsgspecError:  # a value out of its bounds too: the parser names it
         wire = None
     answer = None if wire is None else _typed_answer(wire, rid, url, vocab_size)
     if answer is not None:
@@ -405,15 +404,14 @@ def _typed_answer(
     if meta.id is not None and meta.id != rid:
         return None
     triples = meta.output_token_logprobs
-    ids = list(map(_IDS, triples))
-    log_probs = list(map(_LOGPROBS, triples))
+    # Comprehensions, not map(attrgetter(...)): about 30% faster over these structs.
+    ids = [t.id for t in triples]
+    log_probs = [t.logprob for t in triples]
     # Each value is finite (msgspec refuses NaN, Infinity and overflowing numbers); a sum
-    # that overflows goes to the parser too, which then reads the values one by one.
+    # that overflows goes to the parser too, which then reads the values one by one. Ids
+    # are >= 0 and log-probs <= 0 (the decode checked them).
     if ids and not (
-        min(ids) >= 0
-        and (vocab_size is None or max(ids) < vocab_size)
-        and max(log_probs) <= 0.0
-        and math.isfinite(sum(log_probs))
+        (vocab_size is None or max(ids) < vocab_size) and math.isfinite(sum(log_probs))
     ):
         return None
     n = len(ids)
