@@ -42,8 +42,9 @@ def sample_lag(sample: Sample, versions: WeightVersions) -> int | None:
 def group_lag(group: Sequence[Sample], versions: WeightVersions) -> int | None:
     """The largest lag of the group's samples (its oldest token's); None when none holds a
     versioned token."""
-    lags = [lag for s in group if (lag := sample_lag(s, versions)) is not None]
-    return max(lags) if lags else None
+    # Each distinct version's lag once, not each span's: a group's spans name one or two.
+    found = {span.version for sample in group for span in sample.weight_spans}
+    return max(map(versions.lag, found)) if found else None
 
 
 def reset_stale_samples(group: Sequence[Sample], versions: WeightVersions, max_lag: int) -> int:
