@@ -33,10 +33,8 @@ __all__ = [
 
 def sample_lag(sample: Sample, versions: WeightVersions) -> int | None:
     """Updates between the sample's oldest token and the current version; None when it
-    holds no versioned token."""
-    if not sample.weight_spans:
-        return None
-    return max(versions.lag(span.version) for span in sample.weight_spans)
+    holds no versioned token (:func:`group_lag` of the sample alone)."""
+    return group_lag((sample,), versions)
 
 
 def group_lag(group: Sequence[Sample], versions: WeightVersions) -> int | None:
