@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -206,19 +207,27 @@ async def loop_share(path: Path, samples: int, tokens: int) -> tuple[float, floa
     """The event loop's CPU per sample of the journal's own calls (``record``, as each
     generate call ends), and the writer process's CPU per sample recorded, with nothing
     else running, in microseconds: what the rollout's numbers above cannot resolve from
-    run-to-run noise."""
-    sample = Sample(
-        status=SampleStatus.COMPLETED,
-        prompt="p",
-        tokens=list(range(64 + tokens)),
-        response_length=tokens,
-        loss_mask=[1] * tokens,
-        rollout_log_probs=[-0.5] * tokens,
-    )
+    run-to-run noise. Each sample is its own, as an engine's answers are (distinct token
+    ids across a 151k vocabulary, distinct log-probs), made before the clock starts:
+    recording one sample again and again reads as less than half of it (its ids and
+    log-probs the same few objects, hot in the cache)."""
+    rng = random.Random(0)
+    vocab = range(1_000, 151_000)
+    made = [
+        Sample(
+            status=SampleStatus.COMPLETED,
+            prompt="p",
+            tokens=rng.choices(vocab, k=64 + tokens),
+            response_length=tokens,
+            loss_mask=[1] * tokens,
+            rollout_log_probs=[-5.0 * rng.random() for _ in range(tokens)],
+        )
+        for _ in range(samples)
+    ]
     async with Journal(path, JournalConfig(check="none")) as journal:
-        (gid,) = journal.give([[sample]], rollout_id=0)
+        (gid,) = journal.give([[made[0]]], rollout_id=0)
         t0 = time.thread_time()
-        for i in range(samples):
+        for i, sample in enumerate(made):
             await journal.record(gid, i, journal.next_attempt(), [sample])
         loop_s = time.thread_time() - t0
         await journal.flush()
