@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import math
 import mmap
+import re
 import threading
 from dataclasses import dataclass
 
@@ -121,6 +122,19 @@ class PageTable:
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         return freed
+
+    def retire_free(self) -> list[tuple[int, int]]:
+        """Take every free page for good (tagged as the main process's) and return them
+        as runs of (first page, pages): the arena is closing, and no allocation may take a
+        page whose memory is being given back."""
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                snapshot = bytes(self._table)
+                self._table[:] = snapshot.replace(bytes(1), bytes([PARENT]))
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return [(run.start(), run.end() - run.start()) for run in re.finditer(b"\x00+", snapshot)]
 
     def used_pages(self) -> int:
         return len(self._table) - bytes(self._table).count(0)
