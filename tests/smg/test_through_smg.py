@@ -165,14 +165,18 @@ async def test_early_stop_aborts_reach_the_engines_and_partial_samples_resume(
     abort_all: bool, smg: SmgRouter, engines: TextEngineProcessGroup, tokenizer: Any
 ) -> None:
     # The fast engine finishes the kept groups while the slow one still generates: those
-    # requests must be aborted there, by rid or all at once.
+    # requests must be aborted there, by rid or all at once. Every answer runs to its 64
+    # tokens (ignore_eos), so the kept groups take at least 128 ms on the fast engine and
+    # the slow one has made a token (one each 50 ms) in each aborted request by then: with
+    # the stand-in's EOS at 17 tokens they took about 35 ms, and an aborted request could
+    # have nothing to keep.
     slow = engines.processes[1]
     before = [len((await stats(e))["aborts"]) for e in engines.processes]
     config = TextRolloutConfig(
         n_samples_per_prompt=1,
         rollout_batch_size=2,
         over_sampling_batch_size=16,
-        sampling=TextSamplingParams(max_new_tokens=64),
+        sampling=TextSamplingParams(max_new_tokens=64, extra={"ignore_eos": True}),
         engines=through(),
         abort_all_on_stop=abort_all,
         stop_timeout_s=10,
