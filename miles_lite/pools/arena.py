@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import mmap
 import os
@@ -338,8 +339,8 @@ class Arena(AsyncResource):
     def _unmap(self) -> None:
         # The frees queued before the close, then every free page taken for good: a closed
         # arena serves no allocation, in this process or a worker.
-        while self._pending_frees:
-            self._table.free(*self._pending_frees.popleft())
+        for first, n_pages in self._take_frees():
+            self._table.free(first, n_pages)
         free_runs = self._table.retire_free()
         self._table.release()
         self._view.release()
@@ -384,14 +385,22 @@ class Arena(AsyncResource):
         self._drain()
 
     def _drain(self) -> None:
-        freed = False
-        while self._pending_frees:
-            first, n_pages = self._pending_frees.popleft()
-            if not self.closed:
-                self._table.free(first, n_pages)
-                freed = True
-        if freed:
-            self._signal()
+        if not self._pending_frees:
+            return  # the usual case, on every allocation
+        frees = self._take_frees()
+        if not frees or self.closed:
+            return
+        for first, n_pages in frees:
+            self._table.free(first, n_pages)
+        self._signal()
+
+    def _take_frees(self) -> list[tuple[int, int]]:
+        # Each pop is atomic, and the close's thread may take frees as a drain does.
+        taken: list[tuple[int, int]] = []
+        with contextlib.suppress(IndexError):
+            while True:
+                taken.append(self._pending_frees.popleft())
+        return taken
 
     def _signal(self) -> None:
         # Event.set is only safe on the loop's thread; a free from another thread (garbage
