@@ -84,56 +84,55 @@ class PageTable:
         # flock excludes other processes, not other threads of this one.
         self._thread_lock = threading.Lock()
 
+    def __enter__(self) -> None:
+        """Hold the table against this process's other threads and every other process."""
+        self._thread_lock.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
+
     def pages_for(self, nbytes: int) -> int:
         return max(1, math.ceil(nbytes / self._page_bytes))
 
     def try_alloc(self, n_pages: int, tag: int) -> Allocation | None:
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                first = bytes(self._table).find(bytes(n_pages))
-                if first < 0:
-                    return None
-                self._table[first : first + n_pages] = bytes([tag]) * n_pages
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        with self:
+            first = bytes(self._table).find(bytes(n_pages))
+            if first < 0:
+                return None
+            self._table[first : first + n_pages] = bytes([tag]) * n_pages
         return Allocation(first, n_pages, self._page_bytes)
 
     def retag(self, first: int, n_pages: int, tag: int) -> None:
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                self._table[first : first + n_pages] = bytes([tag]) * n_pages
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        with self:
+            self._table[first : first + n_pages] = bytes([tag]) * n_pages
 
     def free(self, first: int, n_pages: int) -> None:
         self.retag(first, n_pages, FREE)
 
     def reclaim(self, tag: int) -> int:
         """Free every page owned by ``tag`` (a dead worker); return how many."""
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                snapshot = bytes(self._table)
-                freed = snapshot.count(tag)
-                if freed:
-                    self._table[:] = snapshot.replace(bytes([tag]), bytes(1))
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        with self:
+            snapshot = bytes(self._table)
+            freed = snapshot.count(tag)
+            if freed:
+                self._table[:] = snapshot.replace(bytes([tag]), bytes(1))
         return freed
 
     def retire_free(self) -> list[tuple[int, int]]:
         """Take every free page for good (tagged as the main process's) and return them
         as runs of (first page, pages): the arena is closing, and no allocation may take a
         page whose memory is being given back."""
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                snapshot = bytes(self._table)
-                self._table[:] = snapshot.replace(bytes(1), bytes([PARENT]))
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        with self:
+            snapshot = bytes(self._table)
+            self._table[:] = snapshot.replace(bytes(1), bytes([PARENT]))
         return [(run.start(), run.end() - run.start()) for run in re.finditer(b"\x00+", snapshot)]
 
     def used_pages(self) -> int:
